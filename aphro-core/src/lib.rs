@@ -1,0 +1,1 @@
+//! Protocol types, model files, tokenizer, chat templates, Renderer and Derenderer.

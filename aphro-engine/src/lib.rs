@@ -1,0 +1,1 @@
+//! The token-in/token-out engine: burn model, paged KV cache, scheduler, sampler.

@@ -1,0 +1,27 @@
+//! Command-line interface. One module per subcommand; each exposes `Args` (clap) and
+//! `run(args) -> anyhow::Result<ExitCode>`. Subcommand names and flags are a public
+//! interface that users script against: keep them stable.
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(name = "aphro", version, about = "Disaggregated LLM serving: render, generate, derender")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the version and exit.
+    Version,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Version => {
+            println!("aphro {}", env!("CARGO_PKG_VERSION"));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! axum routers for the three server roles, and the `aphro` CLI.
+pub mod cli;

