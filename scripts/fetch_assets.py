@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -50,17 +51,24 @@ def fetch_package(entry: dict, pkg_dir: Path) -> Path:
                 stdout=subprocess.DEVNULL,
             )
         return target
-    # PyPI: a wheel, or the sdist when asked for.
-    norm = name.replace("-", "_").replace(".", "_")
-    for p in pkg_dir.iterdir():
-        low = p.name.lower()
-        if low.startswith(f"{norm.lower()}-{version}") or low.startswith(f"{name.lower()}-{version}"):
-            if (kind == "sdist") == (low.endswith(".tar.gz") or (low.endswith(".zip") and "-py" not in low)):
-                return p
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(pkg_dir), f"{name}=={version}"]
+    # PyPI: a wheel, or the sdist when asked for. Registry file names normalise '-', '_' and '.'
+    # differently, so compare normalised names.
+    def norm(s: str) -> str:
+        return re.sub(r"[-_.]+", "_", s).lower()
+
+    prefix = norm(f"{name}-{version}")
+    for p in sorted(pkg_dir.iterdir()):
+        is_sdist = p.name.endswith(".tar.gz")
+        if norm(p.name).startswith(prefix) and is_sdist == (kind == "sdist"):
+            return p
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--quiet"]
+    cmd += ["-d", str(pkg_dir), f"{name}=={version}"]
     cmd += ["--no-binary", ":all:"] if kind == "sdist" else ["--only-binary", ":all:"]
     subprocess.run(cmd, check=True)
-    return fetch_package(entry, pkg_dir)
+    for p in sorted(pkg_dir.iterdir()):
+        if norm(p.name).startswith(prefix) and p.name.endswith(".tar.gz") == (kind == "sdist"):
+            return p
+    raise SystemExit(f"pip download of {name}=={version} produced no matching file in {pkg_dir}")
 
 
 def read_member(archive: Path, member: str) -> bytes:
@@ -78,8 +86,10 @@ def read_member(archive: Path, member: str) -> bytes:
 def materialize(entry: dict, out: Path, pkg_dir: Path) -> None:
     if out.exists() and sha256_of(out) == entry["sha256"]:
         return
-    archive = fetch_package(entry, pkg_dir)
-    data = read_member(archive, entry["member"])
+    if entry["kind"] == "repo":
+        data = (ROOT / entry["member"]).read_bytes()
+    else:
+        data = read_member(fetch_package(entry, pkg_dir), entry["member"])
     if entry.get("unzip_inner"):
         with zipfile.ZipFile(io.BytesIO(data)) as inner:
             names = [n for n in inner.namelist() if not n.endswith("/")]

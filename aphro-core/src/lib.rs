@@ -1,1 +1,2 @@
 //! Protocol types, model files, tokenizer, chat templates, Renderer and Derenderer.
+pub mod gguf;
