@@ -1,1 +1,2 @@
 //! The token-in/token-out engine: burn model, paged KV cache, scheduler, sampler.
+pub mod runner;
