@@ -85,6 +85,8 @@ enum Command {
         request_id: String,
         ticket: Option<u64>,
     },
+    /// Reply with the metrics once every earlier command has been applied.
+    Snapshot(mpsc::SyncSender<MetricsSnapshot>),
     Shutdown,
 }
 
@@ -254,6 +256,20 @@ impl Engine {
             .clone()
     }
 
+    /// Metrics after every command sent before this call (aborts included) took effect.
+    /// Blocks for at most one engine step.
+    pub fn metrics_synced(&self) -> MetricsSnapshot {
+        let (tx, rx) = mpsc::sync_channel(1);
+        if let Some(cmd) = self.sender() {
+            if cmd.send(Command::Snapshot(tx)).is_ok() {
+                if let Ok(m) = rx.recv() {
+                    return m;
+                }
+            }
+        }
+        self.metrics()
+    }
+
     /// False once a runner failure killed the engine (`/health` → 503).
     pub fn is_healthy(&self) -> bool {
         !self.shared.dead.load(Ordering::Acquire)
@@ -404,6 +420,9 @@ fn run_loop(mut core: EngineCore, rx: Receiver<Command>, shared: &Shared) {
                         route(&core, &mut clients, outs);
                     }
                 }
+                Command::Snapshot(reply) => {
+                    let _ = reply.send(core.metrics().clone());
+                }
                 Command::Shutdown => {
                     let outs = core.abort_all();
                     route(&core, &mut clients, outs);
@@ -461,6 +480,9 @@ fn die(
                 let _ = tx.send(Err(EngineError::Dead(msg.clone())));
             }
             Command::Abort { .. } => {}
+            Command::Snapshot(reply) => {
+                let _ = reply.send(core.metrics().clone());
+            }
             Command::Shutdown => return,
         }
     }
