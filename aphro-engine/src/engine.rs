@@ -74,7 +74,7 @@ type Item = Result<EngineOutput, EngineError>;
 
 enum Command {
     Add {
-        req: EngineRequest,
+        req: Box<EngineRequest>,
         tx: UnboundedSender<Item>,
         ticket: u64,
     },
@@ -223,7 +223,13 @@ impl Engine {
             return stream;
         }
         let failed = match self.cmd.lock() {
-            Ok(cmd) => cmd.send(Command::Add { req, tx, ticket }).err(),
+            Ok(cmd) => cmd
+                .send(Command::Add {
+                    req: Box::new(req),
+                    tx,
+                    ticket,
+                })
+                .err(),
             Err(_) => None,
         };
         if let Some(mpsc::SendError(Command::Add { tx, .. })) = failed {
@@ -399,7 +405,7 @@ fn run_loop(mut core: EngineCore, rx: Receiver<Command>, shared: &Shared) {
                         let _ = tx.send(Err(EngineError::DuplicateRequestId(id)));
                         continue;
                     }
-                    match core.add_request(req) {
+                    match core.add_request(*req) {
                         Ok(()) => {
                             clients.insert(id, Client { tx, ticket });
                         }

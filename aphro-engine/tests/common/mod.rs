@@ -6,7 +6,7 @@
 //! [`oracle_greedy`] gives the right answer without any of that machinery.
 #![allow(dead_code)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use aphro_engine::runner::{
     BatchInput, LogitsWanted, ModelInfo, ModelRunner, RunnerError, SeqLogits,
@@ -31,6 +31,45 @@ pub struct FakeRunner {
     pub log: Arc<Mutex<RunLog>>,
     /// Fail `execute` on this step (0-based) to test fatal errors.
     pub fail_at_step: Option<usize>,
+    /// When set, every `execute` waits for a permit: lets threaded tests pin down what the
+    /// engine does between their calls without sleeping.
+    pub gate: Option<Arc<Gate>>,
+}
+
+/// Step permits for a gated [`FakeRunner`].
+#[derive(Default)]
+pub struct Gate {
+    permits: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub fn allow(&self, n: u64) {
+        let mut p = self.permits.lock().expect("gate");
+        *p = p.saturating_add(n);
+        self.cv.notify_all();
+    }
+    pub fn open(&self) {
+        self.allow(u64::MAX);
+    }
+    fn pass(&self) {
+        let mut p = self.permits.lock().expect("gate");
+        while *p == 0 {
+            p = self.cv.wait(p).expect("gate");
+        }
+        if *p != u64::MAX {
+            *p -= 1;
+        }
+    }
+}
+
+/// Opens the gate when dropped, so a failing test never leaves the engine thread blocked.
+pub struct OpenOnDrop(pub Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
 }
 
 impl FakeRunner {
@@ -55,6 +94,7 @@ impl FakeRunner {
             slots: vec![None; num_blocks * block_size],
             log: Arc::new(Mutex::new(RunLog::default())),
             fail_at_step: None,
+            gate: None,
         }
     }
 }
@@ -119,6 +159,9 @@ impl ModelRunner for FakeRunner {
     }
 
     fn execute(&mut self, batch: &BatchInput) -> Result<Vec<SeqLogits>, RunnerError> {
+        if let Some(g) = &self.gate {
+            g.pass();
+        }
         let step = {
             let mut log = self.log.lock().expect("log");
             log.steps += 1;
