@@ -334,6 +334,26 @@ mod tests {
     }
 
     #[test]
+    fn eviction_takes_the_least_recently_freed_block() {
+        let mut m = BlockManager::new(4, 2, true);
+        let (a, b) = ([1, 2, 3], [5, 6, 7]);
+        for toks in [&a, &b] {
+            let mut s = SeqBlocks::default();
+            m.allocate(&mut s, 0, 3).expect("room");
+            m.commit(&mut s, toks, 3);
+            m.free(&mut s);
+        }
+        assert_eq!(m.num_cached_free(), 2);
+        // Three fresh blocks: two free ones, then one eviction, which must hit A (older).
+        let mut d = SeqBlocks::default();
+        m.allocate(&mut d, 0, 6).expect("room");
+        m.free(&mut d);
+        let mut s = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut s, &a), 0);
+        assert_eq!(m.match_prefix(&mut s, &b), 2);
+    }
+
+    #[test]
     fn fork_then_write_copies_the_shared_partial_block() {
         let mut m = BlockManager::new(8, 4, false);
         let mut a = SeqBlocks::default();

@@ -713,3 +713,65 @@ fn validation_messages_match_vllm() {
         .expect("ok");
     assert_eq!(plan.max_tokens, 24);
 }
+
+#[test]
+fn prefix_cache_chains_block_hashes() {
+    // B starts with A's second block: a cache keyed by block contents alone would hand B a
+    // block computed after A's first block.
+    let a = prompt(61, 13);
+    let b = a[4..].to_vec();
+    // C is block-aligned and fully cached on its second run: its last block must still be
+    // recomputed to get the logits for the first token.
+    let c = a[..12].to_vec();
+    let (mut core, _) = Setup::roomy(true).core();
+    let mut res = Results::new();
+    core.add_request(greedy("a", a.clone(), 8)).expect("add");
+    run_to_end(&mut core, &mut res);
+    core.add_request(greedy("b", b.clone(), 8)).expect("add");
+    core.add_request(greedy("a2", a.clone(), 8)).expect("add");
+    core.add_request(greedy("c", c.clone(), 8)).expect("add");
+    run_to_end(&mut core, &mut res);
+    assert_eq!(res[&("b".into(), 0)].tokens, oracle_greedy(&b, 8));
+    assert_eq!(res[&("a2".into(), 0)].tokens, oracle_greedy(&a, 8));
+    assert_eq!(res[&("c".into(), 0)].tokens, oracle_greedy(&c, 8));
+    // a2 reused A's three full prompt blocks, c two of them (one token must run), b none.
+    let m = core.metrics();
+    assert_eq!(m.prefix_cache_hits, 12 + 8);
+    assert_clean(&core);
+}
+
+#[test]
+fn decodes_are_scheduled_before_prefill_chunks() {
+    let setup = Setup {
+        blocks: 64,
+        block_size: 4,
+        budget: 8,
+        max_seqs: 4,
+        caching: false,
+    };
+    let (mut core, _) = setup.core();
+    let mut res = Results::new();
+    core.add_request(greedy("x", prompt(71, 3), 12))
+        .expect("add");
+    collect(&mut res, core.step().expect("step"));
+    // Y's 40-token prompt needs several chunks; X must still decode a token every step.
+    core.add_request(greedy("y", prompt(72, 40), 2))
+        .expect("add");
+    for step in 0..6 {
+        let outs = core.step().expect("step");
+        assert!(
+            outs.iter().any(|o| o.request_id == "x"),
+            "x starved at step {step}"
+        );
+        collect(&mut res, outs);
+    }
+    run_to_end(&mut core, &mut res);
+    assert_eq!(
+        res[&("y".into(), 0)].tokens,
+        oracle_greedy(&prompt(72, 40), 2)
+    );
+    assert_eq!(
+        res[&("x".into(), 0)].tokens,
+        oracle_greedy(&prompt(71, 3), 12)
+    );
+}

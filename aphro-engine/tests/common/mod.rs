@@ -1,9 +1,11 @@
 //! A deterministic fake model that reads its "K/V" through the block table.
 //!
-//! Its cache stores the token id written at each slot; the logits for position `p` are a
-//! hash of the token ids at positions `0..=p` *as read through the block table*. Any paging,
-//! prefix-cache, copy-on-write or preemption bug therefore changes the output, and
-//! [`oracle_greedy`] gives the right answer without any of that machinery.
+//! Like a real model's K/V, the value it caches at position `p` depends on the whole prefix:
+//! it mixes the token at `p` with the value read (through the block table) at `p - 1`. The
+//! logits for `p` hash every cached value at `0..=p`, again read through the block table.
+//! Any paging, prefix-cache (including a wrongly chained hash), copy-on-write or preemption
+//! bug therefore changes the output, and [`oracle_greedy`] gives the right answer without
+//! any of that machinery.
 #![allow(dead_code)]
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -27,7 +29,7 @@ pub struct FakeRunner {
     info: ModelInfo,
     block_size: usize,
     num_blocks: usize,
-    slots: Vec<Option<u32>>,
+    slots: Vec<Option<u64>>,
     pub log: Arc<Mutex<RunLog>>,
     /// Fail `execute` on this step (0-based) to test fatal errors.
     pub fail_at_step: Option<usize>,
@@ -107,19 +109,29 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// Hash of a token prefix (order-sensitive).
-pub fn prefix_hash(tokens: &[u32]) -> u64 {
-    tokens
-        .iter()
-        .fold(0x1234_5678u64, |h, &t| mix(h ^ (t as u64 + 1)))
+const KV_SEED: u64 = 0x1234_5678;
+/// What an unwritten slot reads as.
+const GARBAGE: u64 = 0xDEAD_BEEF;
+
+/// The "K/V" cached for a token, given the value cached at the previous position.
+fn kv_value(prev: u64, token: u32) -> u64 {
+    mix(prev ^ (token as u64 + 1))
 }
 
-/// The fake model's logits after reading `tokens` (positions `0..=p`).
-pub fn logits_for(tokens: &[u32]) -> Vec<f32> {
-    let h = prefix_hash(tokens);
+fn logits_from_kv(values: impl Iterator<Item = u64>) -> Vec<f32> {
+    let h = values.fold(0x9876_5432u64, |h, v| mix(h ^ v));
     (0..VOCAB as u64)
         .map(|v| ((mix(h ^ (v << 32)) >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0)
         .collect()
+}
+
+/// The fake model's logits after reading `tokens` (positions `0..=p`), computed directly.
+pub fn logits_for(tokens: &[u32]) -> Vec<f32> {
+    let mut prev = KV_SEED;
+    logits_from_kv(tokens.iter().map(|&t| {
+        prev = kv_value(prev, t);
+        prev
+    }))
 }
 
 /// Greedy continuation computed directly (ties → lowest id), ignoring EOS.
@@ -187,11 +199,23 @@ impl ModelRunner for FakeRunner {
             }
             Ok(b as usize * bs + p % bs)
         };
+        if let Some(s) = batch.seqs.iter().find(|s| s.token_ids.is_empty()) {
+            return Err(RunnerError::Backend(format!(
+                "seq {} has no tokens to run",
+                s.seq_id
+            )));
+        }
         // Write every sequence's K/V first, as a real batched forward would.
         for s in &batch.seqs {
             for (j, &t) in s.token_ids.iter().enumerate() {
-                let at = slot(&s.block_table, s.start_pos + j)?;
-                self.slots[at] = Some(t);
+                let p = s.start_pos + j;
+                let prev = if p == 0 {
+                    KV_SEED
+                } else {
+                    self.slots[slot(&s.block_table, p - 1)?].unwrap_or(GARBAGE)
+                };
+                let at = slot(&s.block_table, p)?;
+                self.slots[at] = Some(kv_value(prev, t));
             }
         }
         let mut out = Vec::with_capacity(batch.seqs.len());
@@ -206,11 +230,9 @@ impl ModelRunner for FakeRunner {
             for &p in &positions {
                 let mut seen = Vec::with_capacity(p + 1);
                 for q in 0..=p {
-                    let at = slot(&s.block_table, q)?;
-                    // An unwritten slot reads as a token id no prompt uses.
-                    seen.push(self.slots[at].unwrap_or(9999));
+                    seen.push(self.slots[slot(&s.block_table, q)?].unwrap_or(GARBAGE));
                 }
-                data.extend(logits_for(&seen));
+                data.extend(logits_from_kv(seen.into_iter()));
             }
             out.push(SeqLogits {
                 seq_id: s.seq_id,
