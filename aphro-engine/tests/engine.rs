@@ -325,3 +325,12 @@ fn config_is_checked() {
     let e = Engine::new(Box::new(FakeRunner::new(64, 4)), EngineConfig::default()).expect("engine");
     assert_eq!(e.max_model_len(), 256, "clamped to what the cache holds");
 }
+
+#[test]
+fn handles_are_shareable_across_async_tasks() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    fn assert_send_unpin<T: Send + Unpin + 'static>() {}
+    assert_send_sync::<Engine>();
+    assert_send_unpin::<GenerateStream>();
+    assert_send_sync::<EngineError>();
+}
