@@ -1,2 +1,9 @@
 //! The token-in/token-out engine: burn model, paged KV cache, scheduler, sampler.
 pub mod runner;
+
+pub mod engine;
+pub mod kv;
+pub mod metrics;
+pub mod request;
+pub mod sampler;
+pub mod scheduler;

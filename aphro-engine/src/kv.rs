@@ -1,0 +1,376 @@
+//! Paged KV block manager: reference-counted fixed-size blocks, per-sequence block tables,
+//! automatic prefix caching by chained block hashes with LRU eviction, and copy-on-write
+//! for partially filled blocks shared after an `n > 1` fork.
+//!
+//! The manager only does bookkeeping on block ids; the runner owns the memory. A block is
+//! in exactly one of three states: in use (`ref_count > 0`), free-cached (`ref_count == 0`
+//! with a hash, reusable by a later prefix hit until evicted, oldest first), or free.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+
+/// Chained hash of a full block: parent block's hash + this block's token ids.
+pub type BlockHash = u64;
+
+#[derive(Debug, Clone, Default)]
+struct BlockMeta {
+    ref_count: u32,
+    /// Set once the block is full, its K/V written and it is registered in the cache.
+    hash: Option<BlockHash>,
+    /// Parent hash and tokens, kept to rule out hash collisions on lookup.
+    parent: Option<BlockHash>,
+    tokens: Vec<u32>,
+    /// Position in the eviction LRU while free-cached.
+    lru_tick: Option<u64>,
+}
+
+/// The blocks of one sequence.
+#[derive(Debug, Clone, Default)]
+pub struct SeqBlocks {
+    pub table: Vec<u32>,
+    /// Leading blocks already registered in (or checked against) the prefix cache.
+    hashed: usize,
+    /// Hash of the last block counted in `hashed`.
+    last_hash: Option<BlockHash>,
+}
+
+impl SeqBlocks {
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+}
+
+/// Not enough free blocks for an allocation; nothing was changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBlocks;
+
+/// Prefix-cache counters, in tokens (vLLM's `prefix_cache_queries/hits`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub queries: u64,
+    pub hits: u64,
+}
+
+#[derive(Debug)]
+pub struct BlockManager {
+    block_size: usize,
+    blocks: Vec<BlockMeta>,
+    free: Vec<u32>,
+    /// Free-cached blocks by last use (oldest first).
+    evictable: BTreeMap<u64, u32>,
+    cached: HashMap<BlockHash, u32>,
+    tick: u64,
+    caching: bool,
+    stats: PrefixCacheStats,
+    /// Copy-on-write copies the runner must perform before the next step.
+    pending_copies: Vec<(u32, u32)>,
+}
+
+fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+    // SipHash with fixed keys: stable within a process, which is all a cache key needs.
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(0x6170_6872_6f6b_7601, 0x626c_6f63_6b68_6173);
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+impl BlockManager {
+    pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> Self {
+        Self {
+            block_size,
+            blocks: vec![BlockMeta::default(); num_blocks],
+            // Pop from the end: hand out low ids first.
+            free: (0..num_blocks as u32).rev().collect(),
+            evictable: BTreeMap::new(),
+            cached: HashMap::new(),
+            tick: 0,
+            caching: enable_prefix_caching,
+            stats: PrefixCacheStats::default(),
+            pending_copies: Vec::new(),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks that can be handed out now (free + free-cached).
+    pub fn num_available(&self) -> usize {
+        self.free.len() + self.evictable.len()
+    }
+
+    /// Blocks referenced by at least one sequence.
+    pub fn num_in_use(&self) -> usize {
+        self.num_blocks() - self.num_available()
+    }
+
+    /// Free blocks still holding cached prefixes.
+    pub fn num_cached_free(&self) -> usize {
+        self.evictable.len()
+    }
+
+    /// Fraction of blocks in use (vLLM `kv_cache_usage_perc`, 0..1).
+    pub fn usage(&self) -> f64 {
+        if self.blocks.is_empty() {
+            0.0
+        } else {
+            self.num_in_use() as f64 / self.num_blocks() as f64
+        }
+    }
+
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    pub fn take_pending_copies(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.pending_copies)
+    }
+
+    /// Reference count of a block (for tests and assertions).
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.blocks.get(block as usize).map_or(0, |b| b.ref_count)
+    }
+
+    fn blocks_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.block_size)
+    }
+
+    /// Reuse cached full blocks for a sequence that owns no blocks yet. Returns the number of
+    /// leading tokens whose K/V are already in the cache. At least one token is always left
+    /// to compute, since the step needs the last position's logits.
+    pub fn match_prefix(&mut self, seq: &mut SeqBlocks, tokens: &[u32]) -> usize {
+        debug_assert!(seq.is_empty());
+        if !self.caching || tokens.is_empty() {
+            return 0;
+        }
+        self.stats.queries += tokens.len() as u64;
+        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let h = hash_block(parent, chunk);
+            let Some(&b) = self.cached.get(&h) else { break };
+            let meta = &self.blocks[b as usize];
+            if meta.parent != parent || meta.tokens != chunk {
+                break; // A hash collision: treat as a miss.
+            }
+            self.acquire(b);
+            seq.table.push(b);
+            parent = Some(h);
+        }
+        seq.hashed = seq.table.len();
+        seq.last_hash = parent;
+        let hit = seq.table.len() * self.block_size;
+        self.stats.hits += hit as u64;
+        hit
+    }
+
+    fn acquire(&mut self, b: u32) {
+        let meta = &mut self.blocks[b as usize];
+        if meta.ref_count == 0 {
+            if let Some(t) = meta.lru_tick.take() {
+                self.evictable.remove(&t);
+            }
+        }
+        meta.ref_count += 1;
+    }
+
+    /// A fresh block with `ref_count == 1`, evicting the oldest free-cached block if needed.
+    fn pop_block(&mut self) -> Option<u32> {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.evictable.pop_first()?;
+                let meta = &mut self.blocks[b as usize];
+                if let Some(h) = meta.hash.take() {
+                    if self.cached.get(&h) == Some(&b) {
+                        self.cached.remove(&h);
+                    }
+                }
+                meta.lru_tick = None;
+                meta.parent = None;
+                meta.tokens.clear();
+                b
+            }
+        };
+        self.blocks[b as usize].ref_count = 1;
+        Some(b)
+    }
+
+    /// Make `seq` able to hold K/V for positions `0..new_len`, where positions
+    /// `0..num_computed` are already written. Copies a shared partial block first (COW) if
+    /// the step writes into it. All-or-nothing.
+    pub fn allocate(
+        &mut self,
+        seq: &mut SeqBlocks,
+        num_computed: usize,
+        new_len: usize,
+    ) -> Result<(), OutOfBlocks> {
+        let needed_total = self.blocks_for(new_len);
+        let grow = needed_total.saturating_sub(seq.table.len());
+        // Writing into a partially filled block that another sequence also references.
+        let cow_idx = (num_computed % self.block_size != 0 && new_len > num_computed)
+            .then_some(num_computed / self.block_size)
+            .filter(|&i| {
+                seq.table
+                    .get(i)
+                    .is_some_and(|&b| self.blocks[b as usize].ref_count > 1)
+            });
+        let want = grow + usize::from(cow_idx.is_some());
+        if want > self.num_available() {
+            return Err(OutOfBlocks);
+        }
+        if let Some(i) = cow_idx {
+            let src = seq.table[i];
+            let dst = self.pop_block().ok_or(OutOfBlocks)?;
+            self.blocks[src as usize].ref_count -= 1;
+            seq.table[i] = dst;
+            self.pending_copies.push((src, dst));
+        }
+        for _ in 0..grow {
+            let b = self.pop_block().ok_or(OutOfBlocks)?;
+            seq.table.push(b);
+        }
+        Ok(())
+    }
+
+    /// Register the sequence's newly completed full blocks in the prefix cache. `tokens` are
+    /// the sequence's tokens and `num_computed` how many of them now have K/V written.
+    pub fn commit(&mut self, seq: &mut SeqBlocks, tokens: &[u32], num_computed: usize) {
+        if !self.caching {
+            return;
+        }
+        let full = (num_computed.min(tokens.len()) / self.block_size).min(seq.table.len());
+        while seq.hashed < full {
+            let i = seq.hashed;
+            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let h = hash_block(seq.last_hash, chunk);
+            let b = seq.table[i];
+            if !self.cached.contains_key(&h) && self.blocks[b as usize].hash.is_none() {
+                let meta = &mut self.blocks[b as usize];
+                meta.hash = Some(h);
+                meta.parent = seq.last_hash;
+                meta.tokens.clear();
+                meta.tokens.extend_from_slice(chunk);
+                self.cached.insert(h, b);
+            }
+            // Otherwise an identical block was computed concurrently: ours stays private.
+            seq.last_hash = Some(h);
+            seq.hashed += 1;
+        }
+    }
+
+    /// Share all of `parent`'s blocks with a new sequence (n > 1 fork).
+    pub fn fork(&mut self, parent: &SeqBlocks) -> SeqBlocks {
+        for &b in &parent.table {
+            self.blocks[b as usize].ref_count += 1;
+        }
+        parent.clone()
+    }
+
+    /// Release a sequence's blocks. Tail blocks are freed first so they are evicted first.
+    pub fn free(&mut self, seq: &mut SeqBlocks) {
+        for &b in seq.table.iter().rev() {
+            let meta = &mut self.blocks[b as usize];
+            debug_assert!(meta.ref_count > 0, "double free of block {b}");
+            meta.ref_count = meta.ref_count.saturating_sub(1);
+            if meta.ref_count == 0 {
+                if meta.hash.is_some() {
+                    self.tick += 1;
+                    meta.lru_tick = Some(self.tick);
+                    self.evictable.insert(self.tick, b);
+                } else {
+                    self.free.push(b);
+                }
+            }
+        }
+        *seq = SeqBlocks::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_hits_reuse_full_blocks_and_lru_evicts_oldest() {
+        let mut m = BlockManager::new(6, 4, true);
+        let toks: Vec<u32> = (0..10).collect();
+        let mut a = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut a, &toks), 0);
+        m.allocate(&mut a, 0, 10).expect("room");
+        m.commit(&mut a, &toks, 10);
+        let a_table = a.table.clone();
+        // A second sequence with the same prompt shares the two full blocks.
+        let mut b = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut b, &toks), 8);
+        assert_eq!(b.table, a_table[..2]);
+        assert_eq!(m.ref_count(a_table[0]), 2);
+        m.free(&mut a);
+        m.free(&mut b);
+        assert_eq!(m.num_in_use(), 0);
+        assert_eq!(m.num_cached_free(), 2);
+        // Prompt of exactly 8 tokens: only the first block may hit (one token left to run).
+        let mut c = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut c, &toks[..8]), 4);
+        m.free(&mut c);
+        // Filling the cache evicts the cached blocks; the old prefix then misses.
+        let mut d = SeqBlocks::default();
+        m.allocate(&mut d, 0, 24).expect("all six blocks");
+        assert_eq!(m.num_available(), 0);
+        assert_eq!(
+            m.allocate(&mut SeqBlocks::default(), 0, 1),
+            Err(OutOfBlocks)
+        );
+        m.free(&mut d);
+        let mut e = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut e, &toks), 0);
+        let s = m.prefix_cache_stats();
+        assert_eq!((s.queries, s.hits), (38, 12));
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_freed_block() {
+        let mut m = BlockManager::new(4, 2, true);
+        let (a, b) = ([1, 2, 3], [5, 6, 7]);
+        for toks in [&a, &b] {
+            let mut s = SeqBlocks::default();
+            m.allocate(&mut s, 0, 3).expect("room");
+            m.commit(&mut s, toks, 3);
+            m.free(&mut s);
+        }
+        assert_eq!(m.num_cached_free(), 2);
+        // Three fresh blocks: two free ones, then one eviction, which must hit A (older).
+        let mut d = SeqBlocks::default();
+        m.allocate(&mut d, 0, 6).expect("room");
+        m.free(&mut d);
+        let mut s = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut s, &a), 0);
+        assert_eq!(m.match_prefix(&mut s, &b), 2);
+    }
+
+    #[test]
+    fn fork_then_write_copies_the_shared_partial_block() {
+        let mut m = BlockManager::new(8, 4, false);
+        let mut a = SeqBlocks::default();
+        m.allocate(&mut a, 0, 6).expect("room");
+        let mut b = m.fork(&a);
+        assert_eq!(m.ref_count(a.table[1]), 2);
+        // `a` writes position 6 into the shared partial block 1: copy first.
+        m.allocate(&mut a, 6, 7).expect("room");
+        let copies = m.take_pending_copies();
+        assert_eq!(copies, vec![(b.table[1], a.table[1])]);
+        assert_ne!(a.table[1], b.table[1]);
+        assert_eq!(a.table[0], b.table[0]);
+        // `b` is now the only owner: writes in place.
+        m.allocate(&mut b, 6, 7).expect("room");
+        assert!(m.take_pending_copies().is_empty());
+        m.free(&mut a);
+        m.free(&mut b);
+        assert_eq!(m.num_in_use(), 0);
+    }
+}
