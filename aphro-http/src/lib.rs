@@ -4,4 +4,5 @@ pub mod cli;
 pub mod error;
 pub mod extract;
 pub mod metrics;
+pub mod server;
 pub mod sse;
