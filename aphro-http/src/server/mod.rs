@@ -1,0 +1,218 @@
+//! The embeddable router builder for aphro's three server roles.
+//!
+//! A Rust application can mount aphro's routes in its own axum server:
+//!
+//! ```no_run
+//! # async fn demo(state: aphro_http::server::AppState) {
+//! let app: axum::Router = aphro_http::server::router(state);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await.unwrap();
+//! axum::serve(listener, app).await.unwrap();
+//! # }
+//! ```
+mod common;
+
+use crate::auth::{require_api_key, ApiKeys};
+use crate::error::route_not_found;
+use crate::extract::BodyLimit;
+use crate::metrics::Metrics;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::Router;
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Which routes a server mounts (wire spec §0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// GPU-less frontend: render, derender, tokenize, models, health, version, metrics.
+    Render,
+    /// Token-in/token-out engine: generate, abort, models, health, metrics.
+    TokensOnly,
+    /// Everything: the OpenAI API plus render, derender and generate.
+    Full,
+}
+
+/// Settings shared by every role.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub role: Role,
+    /// Names clients may use in `model`; the first is reported by default.
+    pub served_model_names: Vec<String>,
+    /// What `/v1/models` reports as `root` (the model path or hub id).
+    pub model_root: String,
+    pub max_model_len: usize,
+    pub api_keys: Vec<String>,
+    pub enable_request_id_headers: bool,
+    pub max_body_bytes: usize,
+}
+
+/// Engine liveness, shared between the step loop's error path and `/health`.
+#[derive(Debug, Default)]
+pub struct Health {
+    fatal: RwLock<Option<String>>,
+}
+
+impl Health {
+    pub fn mark_dead(&self, reason: impl Into<String>) {
+        if let Ok(mut g) = self.fatal.write() {
+            g.get_or_insert(reason.into());
+        }
+    }
+
+    pub fn fatal_reason(&self) -> Option<String> {
+        self.fatal.read().ok().and_then(|g| g.clone())
+    }
+}
+
+/// Everything a handler can reach. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: Arc<ServerSettings>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub created: u64,
+}
+
+impl AppState {
+    pub fn new(settings: ServerSettings) -> Self {
+        let name = settings
+            .served_model_names
+            .first()
+            .cloned()
+            .unwrap_or_default();
+        AppState {
+            metrics: Arc::new(Metrics::new(&name)),
+            settings: Arc::new(settings),
+            health: Arc::new(Health::default()),
+            created: unix_now(),
+        }
+    }
+
+    /// The served name for a request's `model` field, or the vLLM 404.
+    pub fn resolve_model(&self, requested: Option<&str>) -> Result<String, crate::error::ApiError> {
+        let names = &self.settings.served_model_names;
+        match requested {
+            None => Ok(names.first().cloned().unwrap_or_default()),
+            Some(m) if names.iter().any(|n| n == m) => Ok(m.to_owned()),
+            Some(m) => Err(crate::error::ApiError::unknown_model(m, names)),
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Build the router for `state.settings.role`.
+pub fn router(state: AppState) -> Router {
+    let limit = BodyLimit(state.settings.max_body_bytes);
+    let keys = ApiKeys::new(state.settings.api_keys.clone());
+    common::routes()
+        .fallback(route_not_found)
+        .layer(middleware::from_fn_with_state(keys, require_api_key))
+        .layer(middleware::from_fn(
+            move |mut req: Request, next: Next| async move {
+                req.extensions_mut().insert(limit);
+                let resp: Response = next.run(req).await;
+                resp
+            },
+        ))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Request as HttpRequest, StatusCode};
+    use tower::ServiceExt;
+
+    fn state(keys: Vec<String>) -> AppState {
+        AppState::new(ServerSettings {
+            role: Role::Render,
+            served_model_names: vec!["smollm2".into()],
+            model_root: "/models/smollm2".into(),
+            max_model_len: 8192,
+            api_keys: keys,
+            enable_request_id_headers: false,
+            max_body_bytes: 1024,
+        })
+    }
+
+    async fn call(app: Router, path: &str, auth: Option<&str>) -> (StatusCode, String) {
+        let mut req = HttpRequest::builder().uri(path);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = app
+            .oneshot(req.body(Body::empty()).expect("request"))
+            .await
+            .expect("response");
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn common_routes_and_fallback() {
+        let app = router(state(vec![]));
+        assert_eq!(
+            call(app.clone(), "/health", None).await,
+            (StatusCode::OK, String::new())
+        );
+        assert_eq!(
+            call(app.clone(), "/version", None).await.1,
+            r#"{"version":"0.33.0"}"#
+        );
+        let (status, body) = call(app.clone(), "/v1/models", None).await;
+        assert_eq!(status, StatusCode::OK);
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(v["data"][0]["id"], "smollm2");
+        assert_eq!(v["data"][0]["max_model_len"], 8192);
+        assert_eq!(
+            call(app, "/nope", None).await,
+            (StatusCode::NOT_FOUND, r#"{"detail":"Not Found"}"#.into())
+        );
+    }
+
+    #[tokio::test]
+    async fn api_key_guards_only_the_openai_prefixes() {
+        let app = router(state(vec!["sekret".into()]));
+        assert_eq!(
+            call(app.clone(), "/v1/models", None).await,
+            (
+                StatusCode::UNAUTHORIZED,
+                r#"{"error":"Unauthorized"}"#.into()
+            )
+        );
+        assert_eq!(
+            call(app.clone(), "/v1/models", Some("bearer sekret"))
+                .await
+                .0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            call(app.clone(), "/v1/models", Some("Bearer wrong"))
+                .await
+                .0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(call(app.clone(), "/health", None).await.0, StatusCode::OK);
+        assert_eq!(call(app, "/metrics", None).await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn health_reports_a_dead_engine() {
+        let s = state(vec![]);
+        s.health.mark_dead("engine step failed: boom");
+        let (status, body) = call(router(s), "/health", None).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("boom"));
+    }
+}
