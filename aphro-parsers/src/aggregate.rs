@@ -30,7 +30,11 @@ impl Aggregator {
                 None => {
                     self.calls.push((
                         tc.index,
-                        ToolCall { id: String::new(), name: String::new(), arguments: String::new() },
+                        ToolCall {
+                            id: String::new(),
+                            name: String::new(),
+                            arguments: String::new(),
+                        },
                     ));
                     let last = self.calls.len() - 1;
                     &mut self.calls[last].1

@@ -21,15 +21,23 @@ impl ToolChoice {
                 "none" => Ok(Self::None),
                 "auto" => Ok(Self::Auto),
                 "required" => Ok(Self::Required),
-                other => Err(crate::ParserError::InvalidConfig(format!("tool_choice {other:?}"))),
+                other => Err(crate::ParserError::InvalidConfig(format!(
+                    "tool_choice {other:?}"
+                ))),
             },
             Some(Value::Object(o)) => o
                 .get("function")
                 .and_then(|f| f.get("name"))
                 .and_then(Value::as_str)
                 .map(|n| Self::Named(n.to_string()))
-                .ok_or_else(|| crate::ParserError::InvalidConfig("tool_choice object without function.name".into())),
-            Some(other) => Err(crate::ParserError::InvalidConfig(format!("tool_choice {other}"))),
+                .ok_or_else(|| {
+                    crate::ParserError::InvalidConfig(
+                        "tool_choice object without function.name".into(),
+                    )
+                }),
+            Some(other) => Err(crate::ParserError::InvalidConfig(format!(
+                "tool_choice {other}"
+            ))),
         }
     }
 }
@@ -81,10 +89,19 @@ impl ParserConfig {
         Ok(Self {
             tools,
             tool_choice: ToolChoice::from_json(v.get("tool_choice"))?,
-            parallel_tool_calls: v.get("parallel_tool_calls").and_then(Value::as_bool).unwrap_or(true),
+            parallel_tool_calls: v
+                .get("parallel_tool_calls")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
             chat_template_kwargs,
-            prompt_text: v.get("prompt_text").and_then(Value::as_str).map(str::to_string),
-            history_tool_calls: v.get("history_tool_calls").and_then(Value::as_u64).unwrap_or(0) as usize,
+            prompt_text: v
+                .get("prompt_text")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            history_tool_calls: v
+                .get("history_tool_calls")
+                .and_then(Value::as_u64)
+                .unwrap_or(0) as usize,
         })
     }
 
@@ -103,7 +120,10 @@ impl ParserConfig {
 
     /// JSON schema of parameter `param` of tool `name`.
     pub fn param_schema(&self, name: &str, param: &str) -> Option<&Value> {
-        self.tool(name)?.get("parameters")?.get("properties")?.get(param)
+        self.tool(name)?
+            .get("parameters")?
+            .get("properties")?
+            .get(param)
     }
 
     /// `Some(true)` if the prompt tail leaves the model inside `start`…`end` reasoning,

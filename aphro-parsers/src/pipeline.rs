@@ -13,7 +13,11 @@ pub struct CombinedParser {
 
 impl CombinedParser {
     pub(crate) fn new(reasoning: Box<dyn ReasoningStage>, tool: Box<dyn ToolStage>) -> Self {
-        Self { reasoning, tool, finished: false }
+        Self {
+            reasoning,
+            tool,
+            finished: false,
+        }
     }
 
     fn route(&mut self, so: StageOut, d: &mut DeltaMessage) {

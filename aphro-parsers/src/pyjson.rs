@@ -77,10 +77,18 @@ pub fn py_float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     if f == 0.0 {
-        return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if f.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     let sci = format!("{f:e}"); // shortest round-trip digits, e.g. "1.5e-5"
     let (mant, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
@@ -166,7 +174,9 @@ pub fn schema_types(schema: Option<&Value>) -> Vec<String> {
     fn collect(s: &Value, out: &mut Vec<String>) {
         match s.get("type") {
             Some(Value::String(t)) => out.push(t.to_lowercase()),
-            Some(Value::Array(a)) => out.extend(a.iter().filter_map(Value::as_str).map(str::to_lowercase)),
+            Some(Value::Array(a)) => {
+                out.extend(a.iter().filter_map(Value::as_str).map(str::to_lowercase))
+            }
             _ => {}
         }
         for key in ["anyOf", "oneOf"] {
@@ -195,7 +205,9 @@ pub fn convert_qwen_param(raw: &str, schema: Option<&Value>) -> Value {
     }
     for t in types.iter().filter(|t| t.as_str() != "null") {
         match t.as_str() {
-            "string" | "str" | "text" | "varchar" | "char" | "enum" => return Value::String(raw.to_string()),
+            "string" | "str" | "text" | "varchar" | "char" | "enum" => {
+                return Value::String(raw.to_string())
+            }
             t if t.starts_with("int") || t.starts_with("uint") || t == "long" || t == "short" => {
                 if let Ok(i) = raw.trim().parse::<i64>() {
                     return Value::from(i);
@@ -203,7 +215,7 @@ pub fn convert_qwen_param(raw: &str, schema: Option<&Value>) -> Value {
             }
             t if t.starts_with("num") || t.starts_with("float") || t == "double" => {
                 if let Ok(f) = raw.trim().parse::<f64>() {
-                    if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 && !raw.contains(['e', 'E']) {
+                    if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 {
                         // vLLM: `float(v) if float(v) - int(float(v)) != 0 else int(float(v))`
                         return Value::from(f as i64);
                     }
@@ -247,7 +259,10 @@ mod tests {
     #[test]
     fn python_spacing() {
         let v = json!({"a": [1, 2.5, "é\n"], "b": {}, "c": null, "d": 1e20, "e": 1.0e-7});
-        assert_eq!(dumps(&v), "{\"a\": [1, 2.5, \"é\\n\"], \"b\": {}, \"c\": null, \"d\": 1e+20, \"e\": 1e-07}");
+        assert_eq!(
+            dumps(&v),
+            "{\"a\": [1, 2.5, \"é\\n\"], \"b\": {}, \"c\": null, \"d\": 1e+20, \"e\": 1e-07}"
+        );
         assert_eq!(py_float_repr(100000.0), "100000.0");
         assert_eq!(py_float_repr(0.0001), "0.0001");
     }

@@ -192,7 +192,10 @@ impl<'a> Py<'a> {
         let n = r
             .char_indices()
             .take_while(|(i, c)| {
-                c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '_') || ((*i == 0 || matches!(r.as_bytes()[i - 1], b'e' | b'E')) && matches!(c, '-' | '+'))
+                c.is_ascii_digit()
+                    || matches!(c, '.' | 'e' | 'E' | '_')
+                    || ((*i == 0 || matches!(r.as_bytes()[i - 1], b'e' | b'E'))
+                        && matches!(c, '-' | '+'))
             })
             .count();
         let t: String = r[..n].chars().filter(|c| *c != '_').collect();
@@ -211,7 +214,11 @@ impl<'a> Py<'a> {
         let r = self.rest();
         let q = r.chars().next()?;
         let triple: String = std::iter::repeat_n(q, 3).collect();
-        let (delim, mut i) = if r.starts_with(&triple) { (triple.as_str(), 3) } else { (&r[..1], 1) };
+        let (delim, mut i) = if r.starts_with(&triple) {
+            (triple.as_str(), 3)
+        } else {
+            (&r[..1], 1)
+        };
         let mut out = String::new();
         loop {
             let tail = &r[i..];
@@ -268,7 +275,10 @@ mod tests {
         let c = Py::new("[f(a='x\\'y', b=[1, 2.5, None], c={'k': True}), g()]").call_list();
         let c = c.unwrap_or_default();
         assert_eq!(c.len(), 2);
-        assert_eq!(crate::pyjson::dumps(&Value::Object(c[0].1.clone())), "{\"a\": \"x'y\", \"b\": [1, 2.5, null], \"c\": {\"k\": true}}");
+        assert_eq!(
+            crate::pyjson::dumps(&Value::Object(c[0].1.clone())),
+            "{\"a\": \"x'y\", \"b\": [1, 2.5, null], \"c\": {\"k\": true}}"
+        );
         assert!(Py::new("[f(a=)]").call_list().is_none());
         assert!(Py::new("[f(a='x'").call_list().is_none());
     }

@@ -8,16 +8,57 @@ use std::sync::Arc;
 
 /// Registered tool-call parser names.
 pub const TOOL_PARSERS: &[&str] = &[
-    "hermes", "qwen3_json", "longcat", "granite4", "ernie45", "llama3_json", "llama4_json", "pythonic",
-    "llama4_pythonic", "olmo3", "mistral", "deepseek_v3", "deepseek_v31", "glm45", "glm47", "kimi_k2",
-    "minimax_m2", "qwen3_coder", "qwen3_xml", "seed_oss", "jamba", "hunyuan_a13b", "internlm", "internlm2",
-    "xlam", "phi4_mini_json", "granite-20b-fc", "granite", "step3", "openai",
+    "hermes",
+    "qwen3_json",
+    "longcat",
+    "granite4",
+    "ernie45",
+    "llama3_json",
+    "llama4_json",
+    "pythonic",
+    "llama4_pythonic",
+    "olmo3",
+    "mistral",
+    "deepseek_v3",
+    "deepseek_v31",
+    "glm45",
+    "glm47",
+    "kimi_k2",
+    "minimax_m2",
+    "qwen3_coder",
+    "qwen3_xml",
+    "seed_oss",
+    "jamba",
+    "hunyuan_a13b",
+    "internlm",
+    "internlm2",
+    "xlam",
+    "phi4_mini_json",
+    "granite-20b-fc",
+    "granite",
+    "step3",
+    "openai",
 ];
 
 /// Registered reasoning parser names.
 pub const REASONING_PARSERS: &[&str] = &[
-    "deepseek_r1", "step5", "holo2", "deepseek_v3", "ernie45", "step3", "qwen3", "glm45", "glm47", "kimi_k2",
-    "minimax_m2", "minimax_m2_append_think", "seed_oss", "mistral", "hunyuan_a13b", "granite", "openai_gptoss",
+    "deepseek_r1",
+    "step5",
+    "holo2",
+    "deepseek_v3",
+    "ernie45",
+    "step3",
+    "qwen3",
+    "glm45",
+    "glm47",
+    "kimi_k2",
+    "minimax_m2",
+    "minimax_m2_append_think",
+    "seed_oss",
+    "mistral",
+    "hunyuan_a13b",
+    "granite",
+    "openai_gptoss",
 ];
 
 /// Builds parsers by vLLM name. Cheap to create; holds no state between requests.
@@ -55,7 +96,8 @@ fn tool_format(name: &str) -> Option<Arc<dyn ToolFormat>> {
 
 /// `thinking`/`enable_thinking` kwarg, whichever is set.
 fn thinking_flag(ctx: &ParserConfig) -> Option<bool> {
-    ctx.kwarg_bool("thinking").or_else(|| ctx.kwarg_bool("enable_thinking"))
+    ctx.kwarg_bool("thinking")
+        .or_else(|| ctx.kwarg_bool("enable_thinking"))
 }
 
 fn think(cfg: ThinkConfig, ctx: &ParserConfig) -> Box<dyn ReasoningStage> {
@@ -85,13 +127,22 @@ fn reasoning_stage(name: &str, ctx: &ParserConfig) -> Option<Box<dyn ReasoningSt
         // DeepSeek-V3: reasoning only when the request turns thinking on.
         "deepseek_v3" if thinking_flag(ctx) == Some(true) => think(ThinkConfig::r1(), ctx),
         "deepseek_v3" => Box::new(Passthrough::default()),
-        "step3" => think(ThinkConfig { strip_leading_start: false, ..ThinkConfig::r1() }, ctx),
+        "step3" => think(
+            ThinkConfig {
+                strip_leading_start: false,
+                ..ThinkConfig::r1()
+            },
+            ctx,
+        ),
         "qwen3" | "glm45" | "glm47" => engine("<think>", "</think>", &["<tool_call>"]),
         "minimax_m2" => engine("<think>", "</think>", &["<minimax:tool_call>"]),
         "seed_oss" => engine("<seed:think>", "</seed:think>", &["<seed:tool_call>"]),
         "kimi_k2" if disabled => Box::new(Passthrough::default()),
         "kimi_k2" => think(
-            ThinkConfig { rstrip_reasoning: true, ..ThinkConfig::engine("<think>", "</think>", &["<|tool_calls_section_begin|>"]) },
+            ThinkConfig {
+                rstrip_reasoning: true,
+                ..ThinkConfig::engine("<think>", "</think>", &["<|tool_calls_section_begin|>"])
+            },
             ctx,
         ),
         "mistral" => Box::new(ThinkStage::new(
@@ -144,12 +195,14 @@ impl ParserRegistry {
     ) -> Result<CombinedParser, ParserError> {
         let reasoning: Box<dyn ReasoningStage> = match reasoning_name {
             None => Box::new(Passthrough::default()),
-            Some(n) => reasoning_stage(n, ctx).ok_or_else(|| ParserError::UnknownReasoningParser(n.to_string()))?,
+            Some(n) => reasoning_stage(n, ctx)
+                .ok_or_else(|| ParserError::UnknownReasoningParser(n.to_string()))?,
         };
         let tool: Box<dyn ToolStage> = match tool_name {
             None => Box::new(NoTools),
             Some(n) => {
-                let fmt = tool_format(n).ok_or_else(|| ParserError::UnknownToolParser(n.to_string()))?;
+                let fmt =
+                    tool_format(n).ok_or_else(|| ParserError::UnknownToolParser(n.to_string()))?;
                 Box::new(FormatStage::new(fmt, Arc::new(ctx.clone())))
             }
         };

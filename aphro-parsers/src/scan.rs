@@ -10,7 +10,9 @@ pub(crate) fn find_earliest(hay: &str, markers: &[&str]) -> Option<(usize, usize
         }
         if let Some(p) = hay.find(m) {
             best = match best {
-                Some((bp, bi)) if bp < p || (bp == p && markers[bi].len() >= m.len()) => Some((bp, bi)),
+                Some((bp, bi)) if bp < p || (bp == p && markers[bi].len() >= m.len()) => {
+                    Some((bp, bi))
+                }
                 _ => Some((p, i)),
             };
         }
@@ -28,7 +30,10 @@ pub(crate) fn partial_suffix_len(buf: &str, markers: &[&str]) -> usize {
             continue;
         }
         let tail = &buf[k..];
-        if markers.iter().any(|m| m.len() > tail.len() && m.starts_with(tail)) {
+        if markers
+            .iter()
+            .any(|m| m.len() > tail.len() && m.starts_with(tail))
+        {
             return buf.len() - k;
         }
     }
@@ -50,6 +55,9 @@ mod tests {
         assert_eq!(partial_suffix_len("abc<tool_call>", &["<tool_call>"]), 0);
         assert_eq!(partial_suffix_len("abc", &["<tool_call>"]), 0);
         assert_eq!(partial_suffix_len("é<", &["<x>"]), 1);
-        assert_eq!(find_earliest("a</think>b<think>", &["<think>", "</think>"]), Some((1, 1)));
+        assert_eq!(
+            find_earliest("a</think>b<think>", &["<think>", "</think>"]),
+            Some((1, 1))
+        );
     }
 }

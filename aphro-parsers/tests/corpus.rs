@@ -19,17 +19,28 @@ fn check_fixed(case: &Case, got: &aphro_parsers::ParsedMessage) -> Result<(), St
         // Upstream: a string-valued `arguments` holding JSON is passed through, not re-encoded.
         "hermes-extra-1" => {
             let exp = &case.raw["expected"]["tool_calls"][0];
-            let inner: String = serde_json::from_str(exp["arguments"].as_str().unwrap_or("")).map_err(|e| e.to_string())?;
-            if got.tool_calls.len() == 1 && got.tool_calls[0].arguments == inner && got.tool_calls[0].name == exp["name"] {
+            let inner: String = serde_json::from_str(exp["arguments"].as_str().unwrap_or(""))
+                .map_err(|e| e.to_string())?;
+            if got.tool_calls.len() == 1
+                && got.tool_calls[0].arguments == inner
+                && got.tool_calls[0].name == exp["name"]
+            {
                 Ok(())
             } else {
-                Err(format!("want pass-through {inner:?}, got {:?}", got.tool_calls))
+                Err(format!(
+                    "want pass-through {inner:?}, got {:?}",
+                    got.tool_calls
+                ))
             }
         }
         // Upstream: a bare counter id is resolved from the unique tool whose properties hold all keys.
         "kimi_k2-t-bare-counter-infer" => {
             let out = case.model_output();
-            let args = out.split("<|tool_call_argument_begin|>").nth(1).and_then(|s| s.split("<|tool_call_end|>").next()).unwrap_or("");
+            let args = out
+                .split("<|tool_call_argument_begin|>")
+                .nth(1)
+                .and_then(|s| s.split("<|tool_call_end|>").next())
+                .unwrap_or("");
             let ok = got.tool_calls.len() == 1
                 && got.tool_calls[0].name == "get_weather"
                 && got.tool_calls[0].arguments == args
@@ -37,7 +48,10 @@ fn check_fixed(case: &Case, got: &aphro_parsers::ParsedMessage) -> Result<(), St
             if ok {
                 Ok(())
             } else {
-                Err(format!("want inferred get_weather call, got {:?}", got.tool_calls))
+                Err(format!(
+                    "want inferred get_weather call, got {:?}",
+                    got.tool_calls
+                ))
             }
         }
         _ => Err("no fixed-behaviour check".into()),
@@ -52,21 +66,36 @@ fn check(case: &Case) -> Result<(), String> {
     let exp = &case.raw["expected"];
     let mut errs = Vec::new();
     if got.content != opt_str(&exp["content"]) {
-        errs.push(format!("content: want {:?} got {:?}", opt_str(&exp["content"]), got.content));
+        errs.push(format!(
+            "content: want {:?} got {:?}",
+            opt_str(&exp["content"]),
+            got.content
+        ));
     }
     if got.reasoning != opt_str(&exp["reasoning"]) {
-        errs.push(format!("reasoning: want {:?} got {:?}", opt_str(&exp["reasoning"]), got.reasoning));
+        errs.push(format!(
+            "reasoning: want {:?} got {:?}",
+            opt_str(&exp["reasoning"]),
+            got.reasoning
+        ));
     }
     let calls = exp["tool_calls"].as_array().cloned().unwrap_or_default();
     if calls.len() != got.tool_calls.len() {
-        errs.push(format!("tool_calls: want {} got {:?}", calls.len(), got.tool_calls));
+        errs.push(format!(
+            "tool_calls: want {} got {:?}",
+            calls.len(),
+            got.tool_calls
+        ));
     } else {
         for (e, g) in calls.iter().zip(&got.tool_calls) {
             if e["name"].as_str() != Some(g.name.as_str()) {
                 errs.push(format!("name: want {} got {}", e["name"], g.name));
             }
             if e["arguments"].as_str() != Some(g.arguments.as_str()) {
-                errs.push(format!("arguments: want {} got {:?}", e["arguments"], g.arguments));
+                errs.push(format!(
+                    "arguments: want {} got {:?}",
+                    e["arguments"], g.arguments
+                ));
             }
             if let Some(id) = e.get("id").and_then(Value::as_str) {
                 if id != g.id {
@@ -79,7 +108,10 @@ fn check(case: &Case) -> Result<(), String> {
     }
     let fr = got.finish_reason(&case.ctx());
     if case.raw["expected_finish_reason"].as_str() != Some(fr) {
-        errs.push(format!("finish_reason: want {} got {fr}", case.raw["expected_finish_reason"]));
+        errs.push(format!(
+            "finish_reason: want {} got {fr}",
+            case.raw["expected_finish_reason"]
+        ));
     }
     if errs.is_empty() {
         Ok(())
@@ -98,7 +130,11 @@ fn corpus_one_shot_matches_vllm() {
         e.1 += 1;
         match check(case) {
             Ok(()) => e.0 += 1,
-            Err(msg) => failures.push(format!("{}: {msg}\n    input: {:?}", case.id, case.model_output())),
+            Err(msg) => failures.push(format!(
+                "{}: {msg}\n    input: {:?}",
+                case.id,
+                case.model_output()
+            )),
         }
     }
     println!("per-parser corpus results (pass/total):");
@@ -106,9 +142,19 @@ fn corpus_one_shot_matches_vllm() {
         println!("  {p:<26} {ok:>3}/{n}");
     }
     let ok: usize = per.values().map(|x| x.0).sum();
-    println!("  {:<26} {ok:>3}/{}  ({} follow an upstream fix: {:?})", "TOTAL", cases.len(), UPSTREAM_FIXES.len(), UPSTREAM_FIXES);
+    println!(
+        "  {:<26} {ok:>3}/{}  ({} follow an upstream fix: {:?})",
+        "TOTAL",
+        cases.len(),
+        UPSTREAM_FIXES.len(),
+        UPSTREAM_FIXES
+    );
     for f in &failures {
         println!("FAIL {f}");
     }
-    assert!(failures.is_empty(), "{} corpus cases failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} corpus cases failed",
+        failures.len()
+    );
 }

@@ -3,7 +3,9 @@
 use aphro_parsers::{ParserConfig, ParserRegistry, StreamParser};
 
 fn parser(tool: Option<&str>, reasoning: Option<&str>) -> Box<dyn StreamParser> {
-    ParserRegistry::new().new_parser(tool, reasoning, &ParserConfig::default()).expect("registered")
+    ParserRegistry::new()
+        .new_parser(tool, reasoning, &ParserConfig::default())
+        .expect("registered")
 }
 
 #[test]
@@ -16,7 +18,10 @@ fn hermes_prefix_streams_and_holds_partial_marker() {
     assert_eq!(d.content, None);
     assert_eq!(d.tool_calls.len(), 1);
     assert_eq!(d.tool_calls[0].name.as_deref(), Some("f"));
-    assert!(d.tool_calls[0].id.as_deref().is_some_and(|i| i.starts_with("chatcmpl-tool-") && i.len() == 30));
+    assert!(d.tool_calls[0]
+        .id
+        .as_deref()
+        .is_some_and(|i| i.starts_with("chatcmpl-tool-") && i.len() == 30));
 }
 
 #[test]
@@ -49,18 +54,32 @@ fn malformed_never_loses_text() {
 #[test]
 fn unknown_names_are_errors() {
     let r = ParserRegistry::new();
-    assert!(r.new_parser(Some("nope"), None, &ParserConfig::default()).is_err());
-    assert!(r.new_parser(None, Some("nope"), &ParserConfig::default()).is_err());
+    assert!(r
+        .new_parser(Some("nope"), None, &ParserConfig::default())
+        .is_err());
+    assert!(r
+        .new_parser(None, Some("nope"), &ParserConfig::default())
+        .is_err());
 }
 
 #[test]
 fn parallel_false_and_tool_choice_none() {
     let text = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>";
-    let ctx = ParserConfig { parallel_tool_calls: false, ..ParserConfig::default() };
-    let mut p = ParserRegistry::new().new_parser(Some("hermes"), None, &ctx).expect("registered");
+    let ctx = ParserConfig {
+        parallel_tool_calls: false,
+        ..ParserConfig::default()
+    };
+    let mut p = ParserRegistry::new()
+        .new_parser(Some("hermes"), None, &ctx)
+        .expect("registered");
     assert_eq!(aphro_parsers::parse(p.as_mut(), text).tool_calls.len(), 1);
-    let ctx = ParserConfig { tool_choice: aphro_parsers::ToolChoice::None, ..ParserConfig::default() };
-    let mut p = ParserRegistry::new().new_parser(Some("hermes"), None, &ctx).expect("registered");
+    let ctx = ParserConfig {
+        tool_choice: aphro_parsers::ToolChoice::None,
+        ..ParserConfig::default()
+    };
+    let mut p = ParserRegistry::new()
+        .new_parser(Some("hermes"), None, &ctx)
+        .expect("registered");
     let m = aphro_parsers::parse(p.as_mut(), text);
     assert!(m.tool_calls.is_empty());
     assert_eq!(m.content.as_deref(), Some(text));

@@ -32,7 +32,10 @@ fn assert_same(case: &Case, cuts: &[usize]) -> Result<(), String> {
     if one == st {
         Ok(())
     } else {
-        Err(format!("{} cut at {cuts:?}:\n one-shot {one:?}\n streamed {st:?}", case.id))
+        Err(format!(
+            "{} cut at {cuts:?}:\n one-shot {one:?}\n streamed {st:?}",
+            case.id
+        ))
     }
 }
 
@@ -47,7 +50,12 @@ fn every_single_cut_point() {
             }
         }
     }
-    assert!(fails.is_empty(), "{} failures, first: {}", fails.len(), fails[0]);
+    assert!(
+        fails.is_empty(),
+        "{} failures, first: {}",
+        fails.len(),
+        fails[0]
+    );
 }
 
 #[test]
@@ -55,19 +63,29 @@ fn char_by_char() {
     let mut fails = Vec::new();
     for case in corpus() {
         let text = case.model_output();
-        let cuts: Vec<usize> = (0..=text.len()).filter(|c| text.is_char_boundary(*c)).collect();
+        let cuts: Vec<usize> = (0..=text.len())
+            .filter(|c| text.is_char_boundary(*c))
+            .collect();
         if let Err(e) = assert_same(case, &cuts) {
             fails.push(e);
         }
     }
-    assert!(fails.is_empty(), "{} failures, first: {}", fails.len(), fails[0]);
+    assert!(
+        fails.is_empty(),
+        "{} failures, first: {}",
+        fails.len(),
+        fails[0]
+    );
 }
 
 #[test]
 fn empty_deltas_change_nothing() {
     for case in corpus() {
         let text = case.model_output();
-        let mid = (0..=text.len() / 2).rev().find(|c| text.is_char_boundary(*c)).unwrap_or(0);
+        let mid = (0..=text.len() / 2)
+            .rev()
+            .find(|c| text.is_char_boundary(*c))
+            .unwrap_or(0);
         assert_same(case, &[0, 0, mid, mid, text.len()]).unwrap_or_else(|e| panic!("{e}"));
     }
 }

@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
-#[command(name = "aphro", version, about = "Disaggregated LLM serving: render, generate, derender")]
+#[command(
+    name = "aphro",
+    version,
+    about = "Disaggregated LLM serving: render, generate, derender"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

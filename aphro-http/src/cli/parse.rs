@@ -32,9 +32,16 @@ pub struct Args {
 }
 
 fn run_one(args: &Args, req: &Value) -> anyhow::Result<Value> {
-    let text = req.get("model_output").and_then(Value::as_str).context("missing string field model_output")?;
+    let text = req
+        .get("model_output")
+        .and_then(Value::as_str)
+        .context("missing string field model_output")?;
     let ctx = ParserConfig::from_request_json(req)?;
-    let mut p = ParserRegistry::new().new_parser(args.tool_call_parser.as_deref(), args.reasoning_parser.as_deref(), &ctx)?;
+    let mut p = ParserRegistry::new().new_parser(
+        args.tool_call_parser.as_deref(),
+        args.reasoning_parser.as_deref(),
+        &ctx,
+    )?;
     let msg = match args.stream_chunk {
         None => aphro_parsers::parse(p.as_mut(), text),
         Some(n) => {
@@ -50,8 +57,11 @@ fn run_one(args: &Args, req: &Value) -> anyhow::Result<Value> {
             agg.into_message()
         }
     };
-    let calls: Vec<Value> =
-        msg.tool_calls.iter().map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments})).collect();
+    let calls: Vec<Value> = msg
+        .tool_calls
+        .iter()
+        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+        .collect();
     Ok(json!({
         "content": msg.content,
         "reasoning": msg.reasoning,
@@ -66,15 +76,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut input = String::new();
     match &args.input {
-        Some(path) => input = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        Some(path) => {
+            input = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?
+        }
         None => {
-            std::io::stdin().read_to_string(&mut input).context("reading stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut input)
+                .context("reading stdin")?;
         }
     }
     if args.jsonl {
-        for (i, line) in input.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let req: Value = serde_json::from_str(line).with_context(|| format!("line {}: invalid JSON", i + 1))?;
-            println!("{}", run_one(&args, &req).with_context(|| format!("line {}", i + 1))?);
+        for (i, line) in input
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let req: Value = serde_json::from_str(line)
+                .with_context(|| format!("line {}: invalid JSON", i + 1))?;
+            println!(
+                "{}",
+                run_one(&args, &req).with_context(|| format!("line {}", i + 1))?
+            );
         }
     } else {
         let req: Value = serde_json::from_str(&input).context("input is not a JSON object")?;

@@ -7,7 +7,9 @@ const THINK: [&str; 2] = ["Here is my thought process:", "Here's my thought proc
 const RESPONSE: [&str; 2] = ["Here is my response:", "Here's my response:"];
 
 fn find_any(s: &str, pats: &[&str]) -> Option<(usize, usize)> {
-    pats.iter().filter_map(|p| s.find(p).map(|i| (i, p.len()))).min_by_key(|x| x.0)
+    pats.iter()
+        .filter_map(|p| s.find(p).map(|i| (i, p.len())))
+        .min_by_key(|x| x.0)
 }
 
 pub fn split(text: &str) -> (Option<String>, Option<String>) {

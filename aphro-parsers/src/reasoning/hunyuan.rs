@@ -9,7 +9,7 @@ pub fn split(text: &str) -> (Option<String>, Option<String>) {
     let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_string());
     if let Some(rest) = text.strip_prefix(OPEN) {
         // `<think>\n\n</think>` : the reasoning is empty and the mid marker starts right away.
-        let (reasoning, after) = if let Some(a) = rest.strip_prefix(&MID[..]) {
+        let (reasoning, after) = if let Some(a) = rest.strip_prefix(MID) {
             ("", Some(a))
         } else if let Some(p) = rest.find(MID) {
             (&rest[..p], Some(&rest[p + MID.len()..]))
@@ -19,7 +19,10 @@ pub fn split(text: &str) -> (Option<String>, Option<String>) {
             ("", None)
         };
         if let Some(after) = after {
-            let answer = after.strip_suffix("\n</answer>").or_else(|| after.strip_suffix("</answer>")).unwrap_or(after);
+            let answer = after
+                .strip_suffix("\n</answer>")
+                .or_else(|| after.strip_suffix("</answer>"))
+                .unwrap_or(after);
             return (nonempty(reasoning), nonempty(answer));
         }
     }

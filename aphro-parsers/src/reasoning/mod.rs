@@ -59,7 +59,10 @@ pub struct Buffered {
 
 impl Buffered {
     pub fn new(split: fn(&str) -> (Option<String>, Option<String>)) -> Self {
-        Self { buf: String::new(), split }
+        Self {
+            buf: String::new(),
+            split,
+        }
     }
 }
 

@@ -45,7 +45,11 @@ impl ThinkConfig {
     }
 
     /// vLLM parser-engine semantics (Qwen3 and friends) with the given markers.
-    pub const fn engine(start: &'static str, end: &'static str, implicit_end: &'static [&'static str]) -> Self {
+    pub const fn engine(
+        start: &'static str,
+        end: &'static str,
+        implicit_end: &'static [&'static str],
+    ) -> Self {
         Self {
             start,
             end,
@@ -80,8 +84,18 @@ impl ThinkStage {
     /// `in_reasoning`: whether the output starts inside reasoning (config default, or what the
     /// prompt tail says).
     pub fn new(cfg: ThinkConfig, in_reasoning: bool) -> Self {
-        let state = if in_reasoning { State::Start } else { State::Content };
-        Self { cfg, state, pending: String::new(), held_ws: String::new(), reasoning_marked: false }
+        let state = if in_reasoning {
+            State::Start
+        } else {
+            State::Content
+        };
+        Self {
+            cfg,
+            state,
+            pending: String::new(),
+            held_ws: String::new(),
+            reasoning_marked: false,
+        }
     }
 
     fn mark_reasoning(&mut self, out: &mut StageOut) {
@@ -165,7 +179,11 @@ impl ThinkStage {
                             }
                         }
                         None => {
-                            let hold = if final_ { 0 } else { partial_suffix_len(&self.pending, &markers) };
+                            let hold = if final_ {
+                                0
+                            } else {
+                                partial_suffix_len(&self.pending, &markers)
+                            };
                             let cut = self.pending.len() - hold;
                             let s: String = self.pending.drain(..cut).collect();
                             self.emit_reasoning(&s, out);
@@ -194,7 +212,11 @@ impl ThinkStage {
                             }
                         }
                         None => {
-                            let hold = if final_ { 0 } else { partial_suffix_len(&self.pending, &markers) };
+                            let hold = if final_ {
+                                0
+                            } else {
+                                partial_suffix_len(&self.pending, &markers)
+                            };
                             let cut = self.pending.len() - hold;
                             Self::emit_content(&self.pending[..cut], out);
                             self.pending.drain(..cut);

@@ -15,7 +15,9 @@ pub(crate) const SEP: &str = "<｜tool▁sep｜>";
 
 impl ToolFormat for DeepSeekV3 {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some(s) = text.find(CALLS_BEGIN) else { return ToolOutput::unchanged(text) };
+        let Some(s) = text.find(CALLS_BEGIN) else {
+            return ToolOutput::unchanged(text);
+        };
         let section = &text[s + CALLS_BEGIN.len()..];
         let (section, after) = match section.find(CALLS_END) {
             Some(e) => (&section[..e], &section[e + CALLS_END.len()..]),
@@ -26,9 +28,15 @@ impl ToolFormat for DeepSeekV3 {
             if !closed {
                 continue;
             }
-            let Some((_ty, rest)) = inner.split_once(SEP) else { continue };
-            let Some((name, rest)) = rest.split_once("\n```json\n") else { continue };
-            let Some(args) = rest.strip_suffix("\n```") else { continue };
+            let Some((_ty, rest)) = inner.split_once(SEP) else {
+                continue;
+            };
+            let Some((name, rest)) = rest.split_once("\n```json\n") else {
+                continue;
+            };
+            let Some(args) = rest.strip_suffix("\n```") else {
+                continue;
+            };
             calls.push(RawCall::new(name, args));
         }
         let content = format!("{}{}", &text[..s], after);
@@ -36,6 +44,9 @@ impl ToolFormat for DeepSeekV3 {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &[CALLS_BEGIN], strip: false }
+        Live::Prefix {
+            openers: &[CALLS_BEGIN],
+            strip: false,
+        }
     }
 }

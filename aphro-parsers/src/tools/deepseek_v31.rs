@@ -9,7 +9,9 @@ pub struct DeepSeekV31;
 
 impl ToolFormat for DeepSeekV31 {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some(s) = text.find(CALLS_BEGIN) else { return ToolOutput::unchanged(text) };
+        let Some(s) = text.find(CALLS_BEGIN) else {
+            return ToolOutput::unchanged(text);
+        };
         let section = &text[s + CALLS_BEGIN.len()..];
         let mut calls = Vec::new();
         for (_, inner, closed) in super::blocks(section, CALL_BEGIN, CALL_END) {
@@ -24,6 +26,9 @@ impl ToolFormat for DeepSeekV31 {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &[CALLS_BEGIN], strip: false }
+        Live::Prefix {
+            openers: &[CALLS_BEGIN],
+            strip: false,
+        }
     }
 }

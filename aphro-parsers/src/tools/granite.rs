@@ -14,7 +14,11 @@ const OPENERS: &[&str] = &["<|tool_call|>", "<tool_call>"];
 /// A truncated `{"name": "…", "arguments": …` object: the name and the raw argument text.
 fn partial_call(obj: &str) -> Option<RawCall> {
     let n = obj.find("\"name\"")?;
-    let after = obj[n + 6..].trim_start().strip_prefix(':')?.trim_start().strip_prefix('"')?;
+    let after = obj[n + 6..]
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start()
+        .strip_prefix('"')?;
     let name = &after[..after.find('"')?];
     let a = obj.find("\"arguments\"")?;
     let args = obj[a + 11..].trim_start().strip_prefix(':')?.trim_start();
@@ -23,17 +27,24 @@ fn partial_call(obj: &str) -> Option<RawCall> {
 
 impl ToolFormat for Granite {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some((s, i)) = find_earliest(text, OPENERS) else { return ToolOutput::unchanged(text) };
+        let Some((s, i)) = find_earliest(text, OPENERS) else {
+            return ToolOutput::unchanged(text);
+        };
         let content = stripped(&text[..s]);
         let body = text[s + OPENERS[i].len()..].trim_start();
         if let Some((v, _)) = decode_prefix(body) {
             if let Some(items) = v.as_array() {
-                let calls: Vec<_> = items.iter().filter_map(|it| call_from_obj(it, &["arguments"])).collect();
+                let calls: Vec<_> = items
+                    .iter()
+                    .filter_map(|it| call_from_obj(it, &["arguments"]))
+                    .collect();
                 return ToolOutput::calls(content, calls);
             }
         }
         // Truncated array: read complete objects, then a partial last one.
-        let Some(mut rest) = body.strip_prefix('[') else { return ToolOutput::unchanged(text) };
+        let Some(mut rest) = body.strip_prefix('[') else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
         loop {
             rest = rest.trim_start().trim_start_matches(',').trim_start();
@@ -42,7 +53,10 @@ impl ToolFormat for Granite {
             }
             match balanced_len(rest) {
                 Some(n) => {
-                    if let Some(c) = loads(&rest[..n]).as_ref().and_then(|v| call_from_obj(v, &["arguments"])) {
+                    if let Some(c) = loads(&rest[..n])
+                        .as_ref()
+                        .and_then(|v| call_from_obj(v, &["arguments"]))
+                    {
                         calls.push(c);
                     }
                     rest = &rest[n..];
@@ -59,7 +73,10 @@ impl ToolFormat for Granite {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: OPENERS, strip: true }
+        Live::Prefix {
+            openers: OPENERS,
+            strip: true,
+        }
     }
 
     fn engine(&self) -> bool {

@@ -11,17 +11,26 @@ const MARK: &str = "<function_call>";
 
 impl ToolFormat for Granite20bFc {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some(first) = text.find(MARK) else { return ToolOutput::unchanged(text) };
+        let Some(first) = text.find(MARK) else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
         for part in text[first + MARK.len()..].split(MARK) {
-            let Some((v, _)) = decode_prefix(part) else { return ToolOutput::unchanged(text) };
-            let Some(c) = call_from_obj(&v, &["arguments"]) else { return ToolOutput::unchanged(text) };
+            let Some((v, _)) = decode_prefix(part) else {
+                return ToolOutput::unchanged(text);
+            };
+            let Some(c) = call_from_obj(&v, &["arguments"]) else {
+                return ToolOutput::unchanged(text);
+            };
             calls.push(c);
         }
         ToolOutput::calls(nonempty(&text[..first]), calls)
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &[MARK], strip: false }
+        Live::Prefix {
+            openers: &[MARK],
+            strip: false,
+        }
     }
 }

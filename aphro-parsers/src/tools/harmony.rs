@@ -12,26 +12,39 @@ pub struct Harmony;
 
 const ENDS: &[&str] = &["<|end|>", "<|call|>", "<|return|>"];
 
+/// First message terminator: one left-to-right pass (searching each marker separately would
+/// rescan the rest of the output once per message).
+fn end_of_message(s: &str) -> Option<(usize, usize)> {
+    s.match_indices("<|").find_map(|(i, _)| {
+        ENDS.iter()
+            .find(|m| s[i..].starts_with(**m))
+            .map(|m| (i, m.len()))
+    })
+}
+
 impl ToolFormat for Harmony {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let mut content: Option<String> = None;
         let mut reasoning: Option<String> = None;
         let mut calls = Vec::new();
         let mut rest = text;
-        loop {
-            let Some(m) = rest.find("<|message|>") else { break };
+        while let Some(m) = rest.find("<|message|>") {
             let header = &rest[..m];
             let header = header.rsplit("<|start|>").next().unwrap_or(header);
             let body_all = &rest[m + "<|message|>".len()..];
-            let (body, next) = match crate::scan::find_earliest(body_all, ENDS) {
-                Some((p, i)) => (&body_all[..p], &body_all[p + ENDS[i].len()..]),
+            let (body, next) = match end_of_message(body_all) {
+                Some((p, len)) => (&body_all[..p], &body_all[p + len..]),
                 None => (body_all, ""),
             };
             rest = next;
             let channel = header
                 .split("<|channel|>")
                 .nth(1)
-                .map(|c| c.split(|ch: char| ch.is_whitespace() || ch == '<').next().unwrap_or(""))
+                .map(|c| {
+                    c.split(|ch: char| ch.is_whitespace() || ch == '<')
+                        .next()
+                        .unwrap_or("")
+                })
                 .unwrap_or("");
             let recipient = header
                 .split_whitespace()
@@ -43,13 +56,19 @@ impl ToolFormat for Harmony {
                     calls.push(RawCall::new(&r["functions.".len()..], body));
                 }
                 ("analysis", _) => reasoning.get_or_insert_with(String::new).push_str(body),
-                ("final", _) | ("commentary", None) => content.get_or_insert_with(String::new).push_str(body),
+                ("final", _) | ("commentary", None) => {
+                    content.get_or_insert_with(String::new).push_str(body)
+                }
                 _ => {}
             }
             if next.is_empty() {
                 break;
             }
         }
-        ToolOutput { content, reasoning, calls }
+        ToolOutput {
+            content,
+            reasoning,
+            calls,
+        }
     }
 }

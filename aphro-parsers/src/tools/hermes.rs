@@ -15,9 +15,21 @@ pub struct Hermes {
     pub require_close: bool,
 }
 
-pub const HERMES: Hermes = Hermes { open: &["<tool_call>"], close: "</tool_call>", require_close: false };
-pub const LONGCAT: Hermes = Hermes { open: &["<longcat_tool_call>"], close: "</longcat_tool_call>", require_close: false };
-pub const GRANITE4: Hermes = Hermes { open: &["<tool_call>"], close: "</tool_call>", require_close: true };
+pub const HERMES: Hermes = Hermes {
+    open: &["<tool_call>"],
+    close: "</tool_call>",
+    require_close: false,
+};
+pub const LONGCAT: Hermes = Hermes {
+    open: &["<longcat_tool_call>"],
+    close: "</longcat_tool_call>",
+    require_close: false,
+};
+pub const GRANITE4: Hermes = Hermes {
+    open: &["<tool_call>"],
+    close: "</tool_call>",
+    require_close: true,
+};
 
 /// `arguments` as returned. vLLM 0.33.0 re-encodes a string-valued `arguments` (double
 /// encoding); the later upstream fix passes a string that holds JSON through unchanged. We take
@@ -40,13 +52,20 @@ impl ToolFormat for Hermes {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let open = self.open[0];
         let bs = blocks(text, open, self.close);
-        let bs: Vec<_> = if self.require_close { bs.into_iter().filter(|b| b.2).collect() } else { bs };
+        let bs: Vec<_> = if self.require_close {
+            bs.into_iter().filter(|b| b.2).collect()
+        } else {
+            bs
+        };
         if bs.is_empty() {
             return ToolOutput::unchanged(text);
         }
         let mut calls = Vec::new();
         for (_, inner, _) in &bs {
-            match loads(inner).as_ref().and_then(|v| call_from_obj(v, &["arguments"])) {
+            match loads(inner)
+                .as_ref()
+                .and_then(|v| call_from_obj(v, &["arguments"]))
+            {
                 Some(c) => calls.push(c),
                 None => return ToolOutput::unchanged(text),
             }
@@ -56,6 +75,9 @@ impl ToolFormat for Hermes {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: self.open, strip: false }
+        Live::Prefix {
+            openers: self.open,
+            strip: false,
+        }
     }
 }

@@ -8,12 +8,23 @@ pub struct Hunyuan;
 
 impl ToolFormat for Hunyuan {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some(s) = text.find("<tool_calls>") else { return ToolOutput::unchanged(text) };
+        let Some(s) = text.find("<tool_calls>") else {
+            return ToolOutput::unchanged(text);
+        };
         let inner_start = s + "<tool_calls>".len();
-        let Some(e) = text[inner_start..].find("</tool_calls>") else { return ToolOutput::unchanged(text) };
-        let Some(v) = loads(&text[inner_start..inner_start + e]) else { return ToolOutput::unchanged(text) };
-        let Some(items) = v.as_array() else { return ToolOutput::unchanged(text) };
-        let calls: Vec<_> = items.iter().filter_map(|it| call_from_obj(it, &["arguments"])).collect();
+        let Some(e) = text[inner_start..].find("</tool_calls>") else {
+            return ToolOutput::unchanged(text);
+        };
+        let Some(v) = loads(&text[inner_start..inner_start + e]) else {
+            return ToolOutput::unchanged(text);
+        };
+        let Some(items) = v.as_array() else {
+            return ToolOutput::unchanged(text);
+        };
+        let calls: Vec<_> = items
+            .iter()
+            .filter_map(|it| call_from_obj(it, &["arguments"]))
+            .collect();
         if calls.is_empty() {
             return ToolOutput::unchanged(text);
         }
@@ -21,6 +32,9 @@ impl ToolFormat for Hunyuan {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &["<tool_calls>"], strip: false }
+        Live::Prefix {
+            openers: &["<tool_calls>"],
+            strip: false,
+        }
     }
 }

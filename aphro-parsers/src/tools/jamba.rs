@@ -8,11 +8,19 @@ pub struct Jamba;
 
 impl ToolFormat for Jamba {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some(s) = text.find("<tool_calls>") else { return ToolOutput::unchanged(text) };
+        let Some(s) = text.find("<tool_calls>") else {
+            return ToolOutput::unchanged(text);
+        };
         let inner_start = s + "<tool_calls>".len();
-        let Some(e) = text[inner_start..].find("</tool_calls>") else { return ToolOutput::unchanged(text) };
-        let Some(v) = loads(&text[inner_start..inner_start + e]) else { return ToolOutput::unchanged(text) };
-        let Some(items) = v.as_array() else { return ToolOutput::unchanged(text) };
+        let Some(e) = text[inner_start..].find("</tool_calls>") else {
+            return ToolOutput::unchanged(text);
+        };
+        let Some(v) = loads(&text[inner_start..inner_start + e]) else {
+            return ToolOutput::unchanged(text);
+        };
+        let Some(items) = v.as_array() else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
         for it in items {
             match call_from_obj(it, &["arguments"]) {

@@ -31,11 +31,17 @@ fn name_from_id(id: &str) -> Option<&str> {
 }
 
 fn infer_from_args(args: &str, ctx: &ParserConfig) -> Option<String> {
-    let Value::Object(obj) = loads(args)? else { return None };
+    let Value::Object(obj) = loads(args)? else {
+        return None;
+    };
     let mut found = None;
     for t in &ctx.tools {
         let f = t.get("function").unwrap_or(t);
-        let Some(props) = f.get("parameters").and_then(|p| p.get("properties")).and_then(Value::as_object) else {
+        let Some(props) = f
+            .get("parameters")
+            .and_then(|p| p.get("properties"))
+            .and_then(Value::as_object)
+        else {
             continue;
         };
         if obj.keys().all(|k| props.contains_key(k)) {
@@ -50,21 +56,33 @@ fn infer_from_args(args: &str, ctx: &ParserConfig) -> Option<String> {
 
 impl ToolFormat for KimiK2 {
     fn parse(&self, text: &str, ctx: &ParserConfig) -> ToolOutput {
-        let Some(s) = text.find(SECTION_BEGIN) else { return ToolOutput::unchanged(text) };
+        let Some(s) = text.find(SECTION_BEGIN) else {
+            return ToolOutput::unchanged(text);
+        };
         let mut section = &text[s + SECTION_BEGIN.len()..];
         if let Some(e) = section.find(SECTION_END) {
             section = &section[..e];
         }
         let mut calls = Vec::new();
         for (_, inner, _) in super::blocks(section, CALL_BEGIN, CALL_END) {
-            let Some((id, args)) = inner.split_once(ARG_BEGIN) else { continue };
+            let Some((id, args)) = inner.split_once(ARG_BEGIN) else {
+                continue;
+            };
             let id = id.trim();
             match name_from_id(id) {
-                Some(name) => calls.push(RawCall { name: name.to_string(), arguments: args.to_string(), id: Some(id.to_string()) }),
+                Some(name) => calls.push(RawCall {
+                    name: name.to_string(),
+                    arguments: args.to_string(),
+                    id: Some(id.to_string()),
+                }),
                 None if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) => {
                     if let Some(name) = infer_from_args(args, ctx) {
                         let n = ctx.history_tool_calls + calls.len();
-                        calls.push(RawCall { id: Some(format!("functions.{name}:{n}")), name, arguments: args.to_string() });
+                        calls.push(RawCall {
+                            id: Some(format!("functions.{name}:{n}")),
+                            name,
+                            arguments: args.to_string(),
+                        });
                     }
                 }
                 None => {}
@@ -74,7 +92,10 @@ impl ToolFormat for KimiK2 {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &[SECTION_BEGIN], strip: false }
+        Live::Prefix {
+            openers: &[SECTION_BEGIN],
+            strip: false,
+        }
     }
 
     fn engine(&self) -> bool {

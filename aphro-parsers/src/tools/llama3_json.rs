@@ -14,8 +14,12 @@ impl ToolFormat for Llama3Json {
         let mut pos = 0;
         while let Some(p) = text[pos..].find('{') {
             let s = pos + p;
-            let Some((v, len)) = raw_decode(&text[s..]) else { return ToolOutput::unchanged(text) };
-            let Some(c) = call_from_obj(&v, &["parameters", "arguments"]) else { return ToolOutput::unchanged(text) };
+            let Some((v, len)) = raw_decode(&text[s..]) else {
+                return ToolOutput::unchanged(text);
+            };
+            let Some(c) = call_from_obj(&v, &["parameters", "arguments"]) else {
+                return ToolOutput::unchanged(text);
+            };
             calls.push(c);
             pos = s + len;
         }

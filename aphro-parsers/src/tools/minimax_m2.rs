@@ -26,11 +26,15 @@ fn attr_name(s: &str) -> Option<(&str, &str)> {
 
 impl ToolFormat for MinimaxM2 {
     fn parse(&self, text: &str, ctx: &ParserConfig) -> ToolOutput {
-        let Some(first) = text.find(OPEN) else { return ToolOutput::unchanged(text) };
+        let Some(first) = text.find(OPEN) else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
         for (_, section, _) in blocks(text, OPEN, "</minimax:tool_call>") {
             for (_, inv, _) in blocks(section, "<invoke", "</invoke>") {
-                let Some((name, body)) = attr_name(inv) else { continue };
+                let Some((name, body)) = attr_name(inv) else {
+                    continue;
+                };
                 let mut args = Map::new();
                 for (_, p, closed) in blocks(body, "<parameter", "</parameter>") {
                     if !closed {
@@ -38,7 +42,10 @@ impl ToolFormat for MinimaxM2 {
                     }
                     let Some((k, v)) = attr_name(p) else { continue };
                     let v = v.trim_matches('\n');
-                    args.insert(k.to_string(), convert_json_param(v, ctx.param_schema(name, k)));
+                    args.insert(
+                        k.to_string(),
+                        convert_json_param(v, ctx.param_schema(name, k)),
+                    );
                 }
                 calls.push(RawCall::new(name, dumps(&Value::Object(args))));
             }
@@ -47,7 +54,10 @@ impl ToolFormat for MinimaxM2 {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &[OPEN], strip: true }
+        Live::Prefix {
+            openers: &[OPEN],
+            strip: true,
+        }
     }
 
     fn engine(&self) -> bool {

@@ -13,7 +13,9 @@ const MARK: &str = "[TOOL_CALLS]";
 
 impl ToolFormat for Mistral {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some(first) = text.find(MARK) else { return ToolOutput::unchanged(text) };
+        let Some(first) = text.find(MARK) else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
         for seg in text[first + MARK.len()..].split(MARK) {
             let (name, args) = match seg.find('{') {
@@ -32,7 +34,10 @@ impl ToolFormat for Mistral {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &[MARK], strip: true }
+        Live::Prefix {
+            openers: &[MARK],
+            strip: true,
+        }
     }
 
     fn engine(&self) -> bool {

@@ -39,7 +39,11 @@ pub struct RawCall {
 
 impl RawCall {
     pub fn new(name: impl Into<String>, arguments: impl Into<String>) -> Self {
-        Self { name: name.into(), arguments: arguments.into(), id: None }
+        Self {
+            name: name.into(),
+            arguments: arguments.into(),
+            id: None,
+        }
     }
 }
 
@@ -55,10 +59,17 @@ pub struct ToolOutput {
 impl ToolOutput {
     /// No calls; the text is the content unchanged.
     pub fn unchanged(text: &str) -> Self {
-        Self { content: Some(text.to_string()), ..Self::default() }
+        Self {
+            content: Some(text.to_string()),
+            ..Self::default()
+        }
     }
     pub fn calls(content: Option<String>, calls: Vec<RawCall>) -> Self {
-        Self { content, reasoning: None, calls }
+        Self {
+            content,
+            reasoning: None,
+            calls,
+        }
     }
 }
 
@@ -70,7 +81,10 @@ pub enum Live {
     Hold,
     /// Text before the first opener is final. `strip`: engine-style parsers strip that text when
     /// calls follow, so leading/trailing whitespace is held back.
-    Prefix { openers: &'static [&'static str], strip: bool },
+    Prefix {
+        openers: &'static [&'static str],
+        strip: bool,
+    },
 }
 
 /// How generated ids look.
@@ -131,23 +145,40 @@ pub struct FormatStage {
 
 impl FormatStage {
     pub fn new(fmt: Arc<dyn ToolFormat>, ctx: Arc<ParserConfig>) -> Self {
-        Self { fmt, ctx, buf: String::new(), present: false, emitted: 0, scan_from: 0, blocked: false }
+        Self {
+            fmt,
+            ctx,
+            buf: String::new(),
+            present: false,
+            emitted: 0,
+            scan_from: 0,
+            blocked: false,
+        }
     }
 
     fn policy(&self) -> Live {
         match (&self.ctx.tool_choice, self.fmt.live()) {
             // Legacy parsers leave everything in content with tool_choice none.
-            (ToolChoice::None, Live::Hold) if !self.fmt.engine() => Live::Prefix { openers: &[], strip: false },
+            (ToolChoice::None, Live::Hold) if !self.fmt.engine() => Live::Prefix {
+                openers: &[],
+                strip: false,
+            },
             (ToolChoice::None, Live::Prefix { openers, .. }) => {
-                let openers: &'static [&'static str] = if self.fmt.engine() { openers } else { &[] };
-                Live::Prefix { openers, strip: false }
+                let openers: &'static [&'static str] =
+                    if self.fmt.engine() { openers } else { &[] };
+                Live::Prefix {
+                    openers,
+                    strip: false,
+                }
             }
             (_, l) => l,
         }
     }
 
     fn advance_live(&mut self, out: &mut DeltaMessage) {
-        let Live::Prefix { openers, strip } = self.policy() else { return };
+        let Live::Prefix { openers, strip } = self.policy() else {
+            return;
+        };
         if self.blocked {
             return;
         }
@@ -193,7 +224,10 @@ impl FormatStage {
                 };
                 let cut = find_earliest(&self.buf, openers).map_or(self.buf.len(), |x| x.0);
                 let c = &self.buf[..cut];
-                ToolOutput { content: (!c.is_empty() || self.buf.is_empty()).then(|| c.to_string()), ..Default::default() }
+                ToolOutput {
+                    content: (!c.is_empty() || self.buf.is_empty()).then(|| c.to_string()),
+                    ..Default::default()
+                }
             }
             // Named/required: none of the registered formats declares the structured fast path,
             // so vLLM 0.33.0 parses like auto (see corpus `hermes-tool-choice-*`).
@@ -239,7 +273,12 @@ impl ToolStage for FormatStage {
         let style = self.fmt.id_style();
         for (i, call) in o.calls.into_iter().enumerate() {
             let id = call.id.unwrap_or_else(|| gen_id(style, i));
-            out.tool_calls.push(DeltaToolCall { index: i, id: Some(id), name: Some(call.name), arguments: call.arguments });
+            out.tool_calls.push(DeltaToolCall {
+                index: i,
+                id: Some(id),
+                name: Some(call.name),
+                arguments: call.arguments,
+            });
         }
     }
 }
@@ -263,12 +302,21 @@ pub fn gen_id(style: IdStyle, index: usize) -> String {
         IdStyle::Chatcmpl => format!("chatcmpl-tool-{:016x}", rng.random::<u64>()),
         IdStyle::Mistral => {
             const A: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-            (0..9).map(|_| A[rng.random_range(0..A.len())] as char).collect()
+            (0..9)
+                .map(|_| A[rng.random_range(0..A.len())] as char)
+                .collect()
         }
         IdStyle::Xlam => {
             let u: u128 = rng.random();
             let h = format!("{u:032x}");
-            format!("call_{index}_{}-{}-4{}-a{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[17..20], &h[20..32])
+            format!(
+                "call_{index}_{}-{}-4{}-a{}-{}",
+                &h[0..8],
+                &h[8..12],
+                &h[13..16],
+                &h[17..20],
+                &h[20..32]
+            )
         }
     }
 }

@@ -11,7 +11,9 @@ pub struct Olmo3;
 impl ToolFormat for Olmo3 {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         const OPEN: &str = "<function_calls>";
-        let Some(s) = text.find(OPEN) else { return ToolOutput::unchanged(text) };
+        let Some(s) = text.find(OPEN) else {
+            return ToolOutput::unchanged(text);
+        };
         let rest = &text[s + OPEN.len()..];
         let body = rest.find("</function_calls>").map_or(rest, |e| &rest[..e]);
         let mut calls = Vec::new();

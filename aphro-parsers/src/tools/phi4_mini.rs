@@ -9,10 +9,16 @@ pub struct Phi4Mini;
 
 impl ToolFormat for Phi4Mini {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
-        let Some(p) = text.find("functools[") else { return ToolOutput::unchanged(text) };
+        let Some(p) = text.find("functools[") else {
+            return ToolOutput::unchanged(text);
+        };
         let arr = &text[p + "functools".len()..];
-        let Some((v, _)) = raw_decode(arr) else { return ToolOutput::unchanged(text) };
-        let Some(items) = v.as_array() else { return ToolOutput::unchanged(text) };
+        let Some((v, _)) = raw_decode(arr) else {
+            return ToolOutput::unchanged(text);
+        };
+        let Some(items) = v.as_array() else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
         for it in items {
             match call_from_obj(it, &["arguments", "parameters"]) {

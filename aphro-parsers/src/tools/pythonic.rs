@@ -22,7 +22,10 @@ impl ToolFormat for Pythonic {
         match Py::new(t).call_list() {
             Some(calls) if !calls.is_empty() => ToolOutput::calls(
                 None,
-                calls.into_iter().map(|(n, a)| RawCall::new(n, dumps(&Value::Object(a)))).collect(),
+                calls
+                    .into_iter()
+                    .map(|(n, a)| RawCall::new(n, dumps(&Value::Object(a))))
+                    .collect(),
             ),
             _ => ToolOutput::unchanged(text),
         }

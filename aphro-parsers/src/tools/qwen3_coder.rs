@@ -15,8 +15,12 @@ pub struct Qwen3Coder {
     pub openers: &'static [&'static str],
 }
 
-pub const QWEN3_CODER: Qwen3Coder = Qwen3Coder { openers: &["<tool_call>", "<function="] };
-pub const SEED_OSS: Qwen3Coder = Qwen3Coder { openers: &["<seed:tool_call>", "<function="] };
+pub const QWEN3_CODER: Qwen3Coder = Qwen3Coder {
+    openers: &["<tool_call>", "<function="],
+};
+pub const SEED_OSS: Qwen3Coder = Qwen3Coder {
+    openers: &["<seed:tool_call>", "<function="],
+};
 
 const FUNC: &str = "<function=";
 const PARAM: &str = "<parameter=";
@@ -28,16 +32,29 @@ fn trim_one_nl(s: &str) -> &str {
 
 impl ToolFormat for Qwen3Coder {
     fn parse(&self, text: &str, ctx: &ParserConfig) -> ToolOutput {
-        let Some((first, _)) = find_earliest(text, self.openers) else { return ToolOutput::unchanged(text) };
+        let Some((first, _)) = find_earliest(text, self.openers) else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
         let mut rest = &text[first..];
         while let Some(f) = rest.find(FUNC) {
             let after = &rest[f + FUNC.len()..];
-            let name_end = [after.find('>'), after.find('\n')].into_iter().flatten().min().unwrap_or(after.len());
+            let name_end = [after.find('>'), after.find('\n')]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(after.len());
             let name = after[..name_end].trim();
-            let body_start = if after[name_end..].starts_with('>') { name_end + 1 } else { name_end };
+            let body_start = if after[name_end..].starts_with('>') {
+                name_end + 1
+            } else {
+                name_end
+            };
             let body_all = &after[body_start..];
-            let body_end = [body_all.find("</function>"), body_all.find(FUNC)].into_iter().flatten().min().unwrap_or(body_all.len());
+            // Search `</function>` only up to the next `<function=` so malformed output without
+            // closers stays linear.
+            let next = body_all.find(FUNC).unwrap_or(body_all.len());
+            let body_end = body_all[..next].find("</function>").unwrap_or(next);
             let body = &body_all[..body_end];
             rest = &body_all[body_end..];
             if name.is_empty() {
@@ -58,7 +75,10 @@ impl ToolFormat for Qwen3Coder {
                     },
                 };
                 let raw = trim_one_nl(val);
-                args.insert(key.to_string(), convert_qwen_param(raw, ctx.param_schema(name, key)));
+                args.insert(
+                    key.to_string(),
+                    convert_qwen_param(raw, ctx.param_schema(name, key)),
+                );
                 b = next;
             }
             calls.push(RawCall::new(name, dumps(&Value::Object(args))));
@@ -71,7 +91,10 @@ impl ToolFormat for Qwen3Coder {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: self.openers, strip: true }
+        Live::Prefix {
+            openers: self.openers,
+            strip: true,
+        }
     }
 
     fn engine(&self) -> bool {

@@ -20,26 +20,43 @@ fn named<'a>(s: &'a str, tag: &str) -> Option<(&'a str, &'a str)> {
 
 impl ToolFormat for Step3 {
     fn parse(&self, text: &str, ctx: &ParserConfig) -> ToolOutput {
-        let Some(s) = text.find(BEGIN) else { return ToolOutput::unchanged(text) };
+        let Some(s) = text.find(BEGIN) else {
+            return ToolOutput::unchanged(text);
+        };
         let mut calls = Vec::new();
-        for (_, inner, closed) in blocks(&text[s..], "<｜tool_call_begin｜>", "<｜tool_call_end｜>") {
+        for (_, inner, closed) in blocks(&text[s..], "<｜tool_call_begin｜>", "<｜tool_call_end｜>")
+        {
             if !closed {
                 continue;
             }
-            let Some((_ty, rest)) = inner.split_once("<｜tool_sep｜>") else { continue };
-            let Some(inv) = rest.find("<steptml:invoke") else { continue };
-            let Some((name, body)) = named(&rest[inv..], "<steptml:invoke") else { continue };
+            let Some((_ty, rest)) = inner.split_once("<｜tool_sep｜>") else {
+                continue;
+            };
+            let Some(inv) = rest.find("<steptml:invoke") else {
+                continue;
+            };
+            let Some((name, body)) = named(&rest[inv..], "<steptml:invoke") else {
+                continue;
+            };
             let mut args = Map::new();
             for (_, p, closed) in blocks(body, "<steptml:parameter", "</steptml:parameter>") {
                 if !closed {
                     break;
                 }
-                let Some((k, v)) = named(&format!("<steptml:parameter{p}"), "<steptml:parameter").map(|(k, v)| (k.to_string(), v.to_string())) else {
+                let Some((k, v)) = named(&format!("<steptml:parameter{p}"), "<steptml:parameter")
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                else {
                     continue;
                 };
                 let schema = ctx.param_schema(name, &k);
                 let types = schema_types(schema);
-                let val = if types.iter().any(|t| matches!(t.as_str(), "integer" | "int" | "number" | "float" | "boolean" | "bool")) && v != "null" {
+                let val = if types.iter().any(|t| {
+                    matches!(
+                        t.as_str(),
+                        "integer" | "int" | "number" | "float" | "boolean" | "bool"
+                    )
+                }) && v != "null"
+                {
                     convert_qwen_param(&v, schema)
                 } else {
                     Value::String(v)
@@ -52,6 +69,9 @@ impl ToolFormat for Step3 {
     }
 
     fn live(&self) -> Live {
-        Live::Prefix { openers: &[BEGIN], strip: true }
+        Live::Prefix {
+            openers: &[BEGIN],
+            strip: true,
+        }
     }
 }

@@ -14,8 +14,15 @@ fn array_calls(s: &str) -> Option<Vec<RawCall>> {
     if !(s.starts_with('[') && s.ends_with(']')) {
         return None;
     }
-    let Value::Array(items) = loads(s)? else { return None };
-    Some(items.iter().filter_map(|it| call_from_obj(it, &["arguments"])).collect())
+    let Value::Array(items) = loads(s)? else {
+        return None;
+    };
+    Some(
+        items
+            .iter()
+            .filter_map(|it| call_from_obj(it, &["arguments"]))
+            .collect(),
+    )
 }
 
 impl ToolFormat for Xlam {

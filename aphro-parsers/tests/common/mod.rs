@@ -22,7 +22,13 @@ impl Case {
         if self.kind() == "reasoning" {
             (None, Some(self.parser.clone()))
         } else {
-            (Some(self.parser.clone()), self.raw.get("reasoning_parser").and_then(Value::as_str).map(str::to_string))
+            (
+                Some(self.parser.clone()),
+                self.raw
+                    .get("reasoning_parser")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            )
         }
     }
     pub fn ctx(&self) -> ParserConfig {
@@ -30,7 +36,9 @@ impl Case {
     }
     pub fn parser(&self) -> Box<dyn StreamParser> {
         let (t, r) = self.names();
-        ParserRegistry::new().new_parser(t.as_deref(), r.as_deref(), &self.ctx()).expect("registered parser")
+        ParserRegistry::new()
+            .new_parser(t.as_deref(), r.as_deref(), &self.ctx())
+            .expect("registered parser")
     }
     pub fn one_shot(&self) -> ParsedMessage {
         aphro_parsers::parse(self.parser().as_mut(), self.model_output())
