@@ -9,7 +9,12 @@ fn run(args: &[&str], stdin: &str) -> serde_json::Value {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn aphro");
-    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
     let out = child.wait_with_output().expect("aphro runs");
     assert!(out.status.success(), "aphro parse failed: {out:?}");
     serde_json::from_slice(&out.stdout).expect("JSON output")
@@ -19,7 +24,13 @@ const REQ: &str = r#"{"model_output": "<think>Need weather</think>Sure. <tool_ca
 
 #[test]
 fn parse_one_shot_and_streamed_agree() {
-    let base = ["parse", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"];
+    let base = [
+        "parse",
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--reasoning-parser",
+        "qwen3",
+    ];
     let one = run(&base, REQ);
     assert_eq!(one["content"], "Sure.");
     assert_eq!(one["reasoning"], "Need weather");
@@ -49,8 +60,10 @@ fn parse_jsonl() {
             c.wait_with_output()
         })
         .expect("aphro runs");
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["reasoning"], "a");
     assert_eq!(lines[0]["content"], "b");
