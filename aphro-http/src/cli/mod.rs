@@ -1,6 +1,8 @@
 //! Command-line interface. One module per subcommand; each exposes `Args` (clap) and
 //! `run(args) -> anyhow::Result<ExitCode>`. Subcommand names and flags are a public
 //! interface that users script against: keep them stable.
+pub mod parse;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -19,6 +21,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the version and exit.
     Version,
+    /// Parse model output with vLLM tool-call / reasoning parsers (debugging aid).
+    Parse(parse::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -27,5 +31,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("aphro {}", env!("CARGO_PKG_VERSION"));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Parse(args) => parse::run(args),
     }
 }

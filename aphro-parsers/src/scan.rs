@@ -1,0 +1,63 @@
+//! Marker search helpers shared by the incremental stages.
+
+/// Earliest full occurrence of any marker in `hay`: `(byte position, marker index)`.
+/// Ties go to the longer marker.
+pub(crate) fn find_earliest(hay: &str, markers: &[&str]) -> Option<(usize, usize)> {
+    let mut best: Option<(usize, usize)> = None;
+    for (i, m) in markers.iter().enumerate() {
+        if m.is_empty() {
+            continue;
+        }
+        if let Some(p) = hay.find(m) {
+            best = match best {
+                Some((bp, bi)) if bp < p || (bp == p && markers[bi].len() >= m.len()) => {
+                    Some((bp, bi))
+                }
+                _ => Some((p, i)),
+            };
+        }
+    }
+    best
+}
+
+/// Length of the longest suffix of `buf` that is a proper, non-empty prefix of some marker
+/// (so it might still grow into that marker). Always a char boundary of `buf`.
+pub(crate) fn partial_suffix_len(buf: &str, markers: &[&str]) -> usize {
+    let max = markers.iter().map(|m| m.len()).max().unwrap_or(0);
+    let start = buf.len().saturating_sub(max.saturating_sub(1));
+    for k in start..buf.len() {
+        if !buf.is_char_boundary(k) {
+            continue;
+        }
+        let tail = &buf[k..];
+        if markers
+            .iter()
+            .any(|m| m.len() > tail.len() && m.starts_with(tail))
+        {
+            return buf.len() - k;
+        }
+    }
+    0
+}
+
+/// Byte length of the trailing whitespace of `s`.
+pub(crate) fn trailing_ws_len(s: &str) -> usize {
+    s.len() - s.trim_end().len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_suffix() {
+        assert_eq!(partial_suffix_len("abc<too", &["<tool_call>"]), 4);
+        assert_eq!(partial_suffix_len("abc<tool_call>", &["<tool_call>"]), 0);
+        assert_eq!(partial_suffix_len("abc", &["<tool_call>"]), 0);
+        assert_eq!(partial_suffix_len("é<", &["<x>"]), 1);
+        assert_eq!(
+            find_earliest("a</think>b<think>", &["<think>", "</think>"]),
+            Some((1, 1))
+        );
+    }
+}
