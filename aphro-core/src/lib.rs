@@ -1,2 +1,3 @@
 //! Protocol types, model files, tokenizer, chat templates, Renderer and Derenderer.
+pub mod detokenizer;
 pub mod gguf;
