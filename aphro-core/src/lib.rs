@@ -1,3 +1,4 @@
 //! Protocol types, model files, tokenizer, chat templates, Renderer and Derenderer.
 pub mod detokenizer;
 pub mod gguf;
+pub mod stop;
