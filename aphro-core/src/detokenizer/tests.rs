@@ -471,3 +471,25 @@ fn token_bytes_per_family() {
         );
     }
 }
+
+/// The wire form of the state is part of the API (client-carried streaming
+/// state); keep it as documented on `DetokenizerState`.
+#[test]
+fn state_json_form_is_stable() {
+    let tok = load_tokenizer("qwen3");
+    let mut d = IncrementalDetokenizer::with_prefix(&*tok, &[9707], DetokenizeOptions::default());
+    // "ĠðŁ" then "¦": incomplete, held back.
+    assert_eq!(d.push(11162), None);
+    assert_eq!(d.push(99), None);
+    let json = serde_json::to_string(d.state()).unwrap_or_default();
+    assert_eq!(
+        json,
+        r#"{"ids":[9707,11162,99],"read_offset":1,"skip_special_tokens":true,"spaces_between_special_tokens":true,"last_special":false}"#
+    );
+    let st: DetokenizerState = serde_json::from_str(&json).unwrap_or_default();
+    let mut d2 = match IncrementalDetokenizer::from_state(&*tok, st) {
+        Ok(d) => d,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(d2.push(222).as_deref(), Some(" 🦀"));
+}
