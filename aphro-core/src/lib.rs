@@ -1,2 +1,19 @@
 //! Protocol types, model files, tokenizer, chat templates, Renderer and Derenderer.
+//!
+//! Entry points: [`model::Model::load`] (dir, `.gguf` or hub id), [`renderer::Renderer`]
+//! (`render_chat`, `render_completion`, `tokenize`, `detokenize`), [`error::Error::to_envelope`].
+pub mod chat_prompt;
+pub mod error;
 pub mod gguf;
+pub mod gguf_tokenizer;
+pub mod model;
+pub mod protocol;
+pub mod renderer;
+pub mod template;
+pub mod tokenizer;
+
+pub use error::{Error, Result};
+pub use model::{LoadOptions, Model};
+pub use renderer::{RenderHooks, RenderOptions, Renderer};
+pub use template::{Clock, ContentFormat, FixedClock, SystemClock};
+pub use tokenizer::Tokenizer;
