@@ -152,6 +152,18 @@ fn check_completion(case: &Value, model: &Arc<Model>) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
+    if want.is_empty() {
+        // The tokenizer gives nothing; the renderer must refuse (vLLM: no empty prompts).
+        let prompt = case["request"]["prompt"].as_str().unwrap_or_default();
+        let ids = model.tokenizer.encode(prompt, req.add_special_tokens).map_err(|e| e.to_string())?;
+        if !ids.is_empty() {
+            return Err(format!("{id}: expected no ids, got {ids:?}"));
+        }
+        return match r.render_completion(&req) {
+            Err(_) => Ok(()),
+            Ok(_) => Err(format!("{id}: empty prompt rendered")),
+        };
+    }
     let out = r.render_completion(&req).map_err(|e| format!("{id}: {e}"))?;
     let got = &out.first().ok_or("no output")?.token_ids;
     if *got != want {

@@ -282,6 +282,16 @@ impl ChatTemplate {
         env.add_test("sequence", |v: &Value| {
             matches!(v.kind(), minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::String)
         });
+        // Jinja2: `none is iterable` is false (minijinja iterates none as empty).
+        env.add_test("iterable", |v: &Value| {
+            !matches!(
+                v.kind(),
+                minijinja::value::ValueKind::None
+                    | minijinja::value::ValueKind::Undefined
+                    | minijinja::value::ValueKind::Bool
+                    | minijinja::value::ValueKind::Number
+            ) && v.try_iter().is_ok()
+        });
         env.add_template_owned(TEMPLATE_NAME, rewritten)
             .map_err(|e| template_error(&e))?;
         let tmpl = env.get_template(TEMPLATE_NAME).map_err(|e| template_error(&e))?;
