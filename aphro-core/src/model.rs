@@ -39,11 +39,6 @@ impl GenerationDefaults {
     /// Parses a `generation_config.json` object.
     pub fn from_json(v: &Value) -> Self {
         let f = |k: &str| v.get(k).and_then(Value::as_f64);
-        let eos: Vec<i64> = match v.get("eos_token_id") {
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_i64).collect(),
-            Some(x) => x.as_i64().into_iter().collect(),
-            None => Vec::new(),
-        };
         Self {
             repetition_penalty: f("repetition_penalty"),
             presence_penalty: f("presence_penalty"),
@@ -54,9 +49,9 @@ impl GenerationDefaults {
             min_p: f("min_p"),
             max_tokens: v.get("max_new_tokens").and_then(Value::as_i64),
             skip_special_tokens: v.get("skip_special_tokens").and_then(Value::as_bool),
-            // vLLM merges the *extra* EOS ids of generation_config (all but the first, which
-            // the engine already treats as the primary EOS).
-            stop_token_ids: if eos.len() > 1 { eos } else { Vec::new() },
+            // EOS ids are the engine's business (it stops on them unless `ignore_eos`); they
+            // are not written into the rendered `stop_token_ids`.
+            stop_token_ids: Vec::new(),
         }
     }
 }

@@ -4,6 +4,8 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod render;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "aphro",
@@ -19,6 +21,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the version and exit.
     Version,
+    /// Render one chat/completion request (or a JSONL batch) to GenerateRequest JSON, offline.
+    Render(render::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -27,5 +31,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("aphro {}", env!("CARGO_PKG_VERSION"));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Render(args) => render::run(args),
     }
 }
