@@ -1,5 +1,20 @@
 //! Protocol types, model files, tokenizer, chat templates, Renderer and Derenderer.
+//!
+//! Entry points: [`model::Model::load`] (dir, `.gguf` or hub id), [`renderer::Renderer`]
+//! (`render_chat`, `render_completion`, `tokenize`, `detokenize`), [`error::Error::to_envelope`],
+//! [`detokenizer::IncrementalDetokenizer`], [`default_model::ensure_default_model`].
+pub mod chat_prompt;
 pub mod default_model;
 pub mod detokenizer;
+pub mod error;
 pub mod gguf;
+pub mod gguf_tokenizer;
+pub mod model;
+pub mod protocol;
+pub mod renderer;
 pub mod stop;
+pub mod template;
+pub mod tokenizer;
+
+pub use error::{Error, Result};
+pub use model::{LoadOptions, Model};

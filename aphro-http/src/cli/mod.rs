@@ -6,6 +6,8 @@ pub mod parse;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod render;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "aphro",
@@ -23,6 +25,8 @@ pub enum Command {
     Version,
     /// Parse model output with vLLM tool-call / reasoning parsers (debugging aid).
     Parse(parse::Args),
+    /// Render one chat/completion request (or a JSONL batch) to GenerateRequest JSON, offline.
+    Render(render::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -32,5 +36,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Parse(args) => parse::run(args),
+        Command::Render(args) => render::run(args),
     }
 }

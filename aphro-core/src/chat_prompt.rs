@@ -1,0 +1,274 @@
+//! vLLM's request normalization before the template (content format, tool-call arguments,
+//! null content, tools, kwargs filtering) and transformers' `apply_chat_template` around it
+//! (message clean-up, special-token variables, `continue_final_message`).
+use crate::error::{Error, Result};
+use crate::protocol::{ChatCompletionRequest, ChatMessage, ChatTool, MessageContent};
+use crate::template::{ChatTemplate, Clock, ContentFormat};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+/// How assistant `tool_calls[].function.arguments` reach the template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolArguments {
+    /// vLLM: JSON strings are parsed to objects; invalid JSON becomes `{}`.
+    #[default]
+    Object,
+    /// Left as the request's string.
+    String,
+}
+
+/// `apply_chat_template` keyword names that are not template variables.
+const RESERVED_KWARGS: [&str; 8] = [
+    "messages",
+    "conversation",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "tokenize",
+];
+
+/// The prompt and what the template saw (useful to debug against the goldens).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedChat {
+    pub prompt: String,
+    /// vLLM-normalized conversation (`apply_chat_template_args.conversation`).
+    pub conversation: Vec<Value>,
+    /// Normalized tools, or `None`.
+    pub tools: Option<Vec<Value>>,
+    /// Request kwargs kept after filtering to names the template references.
+    pub chat_template_kwargs: Map<String, Value>,
+    /// The exact template variables.
+    pub context: Map<String, Value>,
+}
+
+/// Template + special tokens + normalization settings: request → prompt string. Holds no
+/// tokenizer, so template-only models can use it too.
+#[derive(Debug)]
+pub struct ChatPrompter {
+    template: ChatTemplate,
+    special_tokens: Map<String, Value>,
+    content_format: ContentFormat,
+    tool_arguments: ToolArguments,
+}
+
+fn text_of_parts(parts: &[crate::protocol::ContentPart]) -> Vec<String> {
+    parts
+        .iter()
+        .filter(|p| matches!(p.kind.as_deref(), None | Some("text") | Some("input_text") | Some("output_text")))
+        .filter_map(|p| p.text.clone())
+        .collect()
+}
+
+/// Normalized tool definition: `{"type":"function","function":{"name","description","parameters",…}}`.
+pub fn normalize_tool(t: &ChatTool) -> Value {
+    let mut f = Map::new();
+    f.insert("name".into(), Value::String(t.function.name.clone()));
+    f.insert(
+        "description".into(),
+        t.function.description.clone().map_or(Value::Null, Value::String),
+    );
+    f.insert("parameters".into(), t.function.parameters.clone().unwrap_or(Value::Null));
+    for (k, v) in &t.function.extra {
+        f.insert(k.clone(), v.clone());
+    }
+    let mut o = Map::new();
+    o.insert("type".into(), Value::String(t.kind.clone()));
+    o.insert("function".into(), Value::Object(f));
+    Value::Object(o)
+}
+
+impl ChatPrompter {
+    pub fn new(
+        template_source: &str,
+        special_tokens: Map<String, Value>,
+        content_format: ContentFormat,
+        tool_arguments: ToolArguments,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
+        let template = ChatTemplate::new(template_source, clock)?;
+        let content_format = match content_format {
+            ContentFormat::Auto => template.detected_content_format(),
+            f => f,
+        };
+        Ok(Self {
+            template,
+            special_tokens,
+            content_format,
+            tool_arguments,
+        })
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// The effective content format (never `Auto`).
+    pub fn content_format(&self) -> ContentFormat {
+        self.content_format
+    }
+
+    fn normalize_message(&self, m: &ChatMessage) -> Value {
+        let mut o = Map::new();
+        o.insert("role".into(), Value::String(m.role.clone()));
+        let as_string = self.content_format == ContentFormat::String || m.role == "tool";
+        let content = match (&m.content, as_string) {
+            (None, true) => Value::String(String::new()),
+            (None, false) => Value::Array(Vec::new()),
+            (Some(MessageContent::Text(s)), true) => Value::String(s.clone()),
+            (Some(MessageContent::Text(s)), false) => {
+                serde_json::json!([{"type": "text", "text": s}])
+            }
+            (Some(MessageContent::Parts(p)), true) => Value::String(text_of_parts(p).join("\n")),
+            (Some(MessageContent::Parts(p)), false) => Value::Array(
+                text_of_parts(p)
+                    .into_iter()
+                    .map(|t| serde_json::json!({"type": "text", "text": t}))
+                    .collect(),
+            ),
+        };
+        o.insert("content".into(), content);
+        if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_empty()) {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    let args = match (&c.function.arguments, self.tool_arguments) {
+                        (Value::String(s), ToolArguments::Object) => match serde_json::from_str::<Value>(s) {
+                            Ok(v @ Value::Object(_)) => v,
+                            _ => Value::Object(Map::new()),
+                        },
+                        (v, _) => v.clone(),
+                    };
+                    let mut f = Map::new();
+                    f.insert("name".into(), Value::String(c.function.name.clone()));
+                    f.insert("arguments".into(), args);
+                    let mut call = Map::new();
+                    call.insert("id".into(), c.id.clone().map_or(Value::Null, Value::String));
+                    call.insert("type".into(), Value::String(c.kind.clone().unwrap_or_else(|| "function".into())));
+                    call.insert("function".into(), Value::Object(f));
+                    Value::Object(call)
+                })
+                .collect();
+            o.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(id) = &m.tool_call_id {
+            o.insert("tool_call_id".into(), Value::String(id.clone()));
+        }
+        if let Some(name) = &m.name {
+            o.insert("name".into(), Value::String(name.clone()));
+        }
+        if let Some(r) = &m.reasoning {
+            o.insert("reasoning".into(), Value::String(r.clone()));
+            o.insert("reasoning_content".into(), Value::String(r.clone()));
+        }
+        Value::Object(o)
+    }
+
+    /// transformers 5: drop `None`-valued keys and expose reasoning as `thinking` too.
+    fn template_message(m: &Value) -> Value {
+        let Some(obj) = m.as_object() else { return m.clone() };
+        let mut o = Map::new();
+        if let Some(r) = obj.get("reasoning").filter(|r| !r.is_null()) {
+            o.insert("thinking".into(), r.clone());
+        }
+        for (k, v) in obj {
+            if !v.is_null() {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+        Value::Object(o)
+    }
+
+    /// Kwargs the template can see: names it references, minus `apply_chat_template`'s own.
+    pub fn filter_kwargs(&self, kwargs: &Map<String, Value>) -> Map<String, Value> {
+        kwargs
+            .iter()
+            .filter(|(k, _)| {
+                !RESERVED_KWARGS.contains(&k.as_str()) && self.template.referenced_variables().contains(k.as_str())
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Normalizes the request and renders the template.
+    pub fn render(&self, req: &ChatCompletionRequest) -> Result<RenderedChat> {
+        if req.continue_final_message && req.add_generation_prompt {
+            return Err(Error::validation(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                None,
+            ));
+        }
+        let conversation: Vec<Value> = req.messages.iter().map(|m| self.normalize_message(m)).collect();
+        let tools: Option<Vec<Value>> = req.tools.as_ref().map(|t| t.iter().map(normalize_tool).collect());
+        let kwargs = self.filter_kwargs(req.chat_template_kwargs.as_ref().unwrap_or(&Map::new()));
+
+        let mut ctx = Map::new();
+        ctx.insert("messages".into(), Value::Array(conversation.iter().map(Self::template_message).collect()));
+        ctx.insert("tools".into(), tools.clone().map_or(Value::Null, Value::Array));
+        ctx.insert(
+            "documents".into(),
+            req.documents
+                .as_ref()
+                .map_or(Value::Null, |d| Value::Array(d.iter().cloned().map(Value::Object).collect())),
+        );
+        ctx.insert("add_generation_prompt".into(), Value::Bool(req.add_generation_prompt));
+        for (k, v) in &self.special_tokens {
+            ctx.insert(k.clone(), v.clone());
+        }
+        for (k, v) in &kwargs {
+            ctx.insert(k.clone(), v.clone());
+        }
+        let mut prompt = self.template.render(&ctx)?;
+        if req.continue_final_message {
+            prompt = cut_after_final_message(prompt, conversation.last())?;
+        }
+        Ok(RenderedChat {
+            prompt,
+            conversation,
+            tools,
+            chat_template_kwargs: kwargs,
+            context: ctx,
+        })
+    }
+}
+
+/// transformers' `continue_final_message`: cut the rendered chat right after the final
+/// message's text so the model continues it.
+fn cut_after_final_message(rendered: String, last: Option<&Value>) -> Result<String> {
+    let content = last.and_then(|m| m.get("content"));
+    let final_text: String = match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .rev()
+            .find_map(|p| p.get("text").and_then(Value::as_str))
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                Error::Template(
+                    "continue_final_message is set but we could not find any text to continue in the final message!"
+                        .into(),
+                )
+            })?,
+        _ => String::new(),
+    };
+    let stripped = final_text.trim();
+    let Some(loc) = rendered.rfind(stripped) else {
+        return Err(Error::Template(
+            "continue_final_message is set but the final message does not appear in the chat after \
+             applying the chat template! This can happen if the chat template deletes portions of \
+             the final message. Please verify the chat template and final message in your chat to \
+             ensure they are compatible."
+                .into(),
+        ));
+    };
+    let lstripped = final_text.trim_start();
+    let end = if rendered[loc..].starts_with(lstripped) && rendered.get(loc..loc + lstripped.len()) == Some(final_text.as_str()) {
+        loc + lstripped.len()
+    } else {
+        loc + stripped.len()
+    };
+    let mut rendered = rendered;
+    rendered.truncate(end);
+    Ok(rendered)
+}

@@ -1,0 +1,44 @@
+//! Wire types, mirroring `shared/spec/api.md` field by field (vLLM 0.33.0).
+//!
+//! Requests accept unknown keys (kept in `extra`, never read) as vLLM does. Responses
+//! serialize with nulls present unless the spec says otherwise.
+//! Submodules: [`chat`] (chat-completions request, messages, tools), [`completion`],
+//! [`sampling`] (`SamplingParams` with vLLM's validation and "omit defaults" dump),
+//! [`generate`] (`GenerateRequest`, `ParseContext`, `StreamOptions`), [`tokenize`] (§9).
+pub mod chat;
+pub mod completion;
+pub mod generate;
+pub mod sampling;
+pub mod tokenize;
+
+pub use chat::*;
+pub use completion::*;
+pub use generate::*;
+pub use sampling::*;
+pub use tokenize::*;
+
+use serde::{Deserialize, Serialize};
+
+/// `stop`: a single string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+/// Request ids default to vLLM's `random_uuid()`: 16 lowercase hex chars.
+pub fn random_request_id() -> String {
+    use rand::Rng;
+    let v: u64 = rand::rng().random();
+    format!("{v:016x}")
+}

@@ -1,0 +1,456 @@
+//! `SamplingParams` (§2.3): vLLM's post-init normalization, range validation with vLLM's
+//! messages, and msgspec's "omit defaults" dump.
+use crate::error::{Error, Result};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+/// `output_kind` values.
+pub const OUTPUT_KIND_CUMULATIVE: u8 = 0;
+pub const OUTPUT_KIND_DELTA: u8 = 1;
+pub const OUTPUT_KIND_FINAL_ONLY: u8 = 2;
+
+/// Sampling parameters after vLLM's `__post_init__`. Keys starting with `_` and unknown keys
+/// are ignored on input.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    pub n: i64,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    pub repetition_penalty: f64,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: i64,
+    pub min_p: f64,
+    pub seed: Option<i64>,
+    #[serde(deserialize_with = "de_stop")]
+    pub stop: Vec<String>,
+    #[serde(deserialize_with = "de_null_vec")]
+    pub stop_token_ids: Vec<i64>,
+    pub ignore_eos: bool,
+    /// `None` = the key was absent: a generate server recomputes it (§10).
+    pub max_tokens: Option<i64>,
+    pub min_tokens: i64,
+    #[serde(deserialize_with = "de_logprobs")]
+    pub logprobs: Option<i64>,
+    #[serde(deserialize_with = "de_logprobs")]
+    pub prompt_logprobs: Option<i64>,
+    pub logprob_token_ids: Option<Vec<i64>>,
+    pub prompt_logprob_token_ids: Option<Vec<Vec<i64>>>,
+    pub prompt_logprob_start: Option<i64>,
+    pub flat_logprobs: bool,
+    pub detokenize: bool,
+    pub skip_special_tokens: bool,
+    pub spaces_between_special_tokens: bool,
+    pub include_stop_str_in_output: bool,
+    pub output_kind: u8,
+    pub skip_clone: bool,
+    pub output_text_buffer_length: i64,
+    pub stream_interval: Option<i64>,
+    pub structured_outputs: Option<Value>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub allowed_token_ids: Option<Vec<i64>>,
+    pub extra_args: Option<Map<String, Value>>,
+    #[serde(deserialize_with = "de_null_vec")]
+    pub bad_words: Vec<String>,
+    pub skip_reading_prefix_cache: Option<bool>,
+    pub thinking_token_budget: Option<i64>,
+    pub repetition_detection: Option<Value>,
+    pub watermarking: Option<bool>,
+    pub routed_experts_prompt_start: i64,
+    pub trace_decode_token_ids: Option<Vec<i64>>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            max_tokens: Some(16),
+            min_tokens: 0,
+            logprobs: None,
+            prompt_logprobs: None,
+            logprob_token_ids: None,
+            prompt_logprob_token_ids: None,
+            prompt_logprob_start: None,
+            flat_logprobs: false,
+            detokenize: true,
+            skip_special_tokens: true,
+            spaces_between_special_tokens: true,
+            include_stop_str_in_output: false,
+            output_kind: OUTPUT_KIND_CUMULATIVE,
+            skip_clone: false,
+            output_text_buffer_length: 0,
+            stream_interval: None,
+            structured_outputs: None,
+            logit_bias: None,
+            allowed_token_ids: None,
+            extra_args: None,
+            bad_words: Vec::new(),
+            skip_reading_prefix_cache: None,
+            thinking_token_budget: None,
+            repetition_detection: None,
+            watermarking: None,
+            routed_experts_prompt_start: 0,
+            trace_decode_token_ids: None,
+        }
+    }
+}
+
+fn de_stop<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<String>, D::Error> {
+    Ok(match Option::<super::StopSpec>::deserialize(d)? {
+        None => Vec::new(),
+        Some(s) => s.into_vec(),
+    })
+}
+
+fn de_null_vec<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+/// `logprobs: true` is coerced to 1 (pydantic/msgspec bool→int).
+fn de_logprobs<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum IntOrBool {
+        I(i64),
+        B(bool),
+    }
+    Ok(match Option::<IntOrBool>::deserialize(d)? {
+        None => None,
+        Some(IntOrBool::I(i)) => Some(i),
+        Some(IntOrBool::B(b)) => Some(i64::from(b)),
+    })
+}
+
+/// Python's `repr(float)` for the values vLLM echoes in messages (`0.0`, `2.5`).
+pub(crate) fn py_float(v: f64) -> String {
+    crate::template::json::py_float_repr(v)
+}
+
+impl SamplingParams {
+    /// vLLM's `SamplingParams.__post_init__` + `_verify_args`: normalize, then validate with
+    /// vLLM's messages (semantic 400s).
+    pub fn normalize_and_validate(&mut self) -> Result<()> {
+        if self.seed == Some(-1) {
+            self.seed = None;
+        }
+        if self.temperature > 0.0 && self.temperature < 0.01 {
+            self.temperature = 0.01;
+        }
+        // Dedupe stop_token_ids keeping order.
+        let mut seen = std::collections::HashSet::new();
+        self.stop_token_ids.retain(|id| seen.insert(*id));
+        if !self.stop.is_empty() && !self.include_stop_str_in_output {
+            let longest = self.stop.iter().map(|s| s.chars().count()).max().unwrap_or(0);
+            self.output_text_buffer_length = longest.saturating_sub(1) as i64;
+        }
+        if self.skip_reading_prefix_cache.is_none() {
+            self.skip_reading_prefix_cache = Some(self.prompt_logprobs.is_some());
+        }
+        if let Some(bias) = self.logit_bias.as_mut() {
+            for (k, v) in bias.iter_mut() {
+                if k.parse::<i64>().is_err() {
+                    return Err(Error::invalid_param(
+                        format!("logit_bias keys must be integer token ids, got {k:?}."),
+                        "logit_bias",
+                        k,
+                    ));
+                }
+                if let Some(f) = v.as_f64() {
+                    *v = Value::from(f.clamp(-100.0, 100.0));
+                }
+            }
+        }
+        self.verify()?;
+        if self.temperature < 1e-5 {
+            // Greedy sampling.
+            self.top_p = 1.0;
+            self.top_k = 0;
+            self.min_p = 0.0;
+        }
+        if self.top_k == -1 {
+            self.top_k = 0;
+        }
+        Ok(())
+    }
+
+    fn verify(&self) -> Result<()> {
+        if self.n < 1 {
+            return Err(Error::invalid_param(format!("n must be at least 1, got {}.", self.n), "n", self.n));
+        }
+        if self.n > 16384 {
+            return Err(Error::invalid_param(
+                format!("n must be at most 16384, got {}.", self.n),
+                "n",
+                self.n,
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(Error::invalid_param(
+                    format!("{name} must be in [-2, 2], got {}.", py_float(v)),
+                    name,
+                    py_float(v),
+                ));
+            }
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            let v = py_float(self.repetition_penalty);
+            return Err(Error::invalid_param(
+                format!("repetition_penalty must be a positive finite number, got {v}."),
+                "repetition_penalty",
+                v,
+            ));
+        }
+        if !(self.temperature.is_finite() && (0.0..=2.0).contains(&self.temperature)) {
+            let v = py_float(self.temperature);
+            return Err(Error::invalid_param(
+                format!("temperature must be in [0, 2], got {v}."),
+                "temperature",
+                v,
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            let v = py_float(self.top_p);
+            return Err(Error::invalid_param(format!("top_p must be in (0, 1], got {v}."), "top_p", v));
+        }
+        if self.top_k < -1 {
+            return Err(Error::invalid_param(
+                format!("top_k must be 0 (disable), or at least 1, got {}.", self.top_k),
+                "top_k",
+                self.top_k,
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            let v = py_float(self.min_p);
+            return Err(Error::invalid_param(format!("min_p must be in [0, 1], got {v}."), "min_p", v));
+        }
+        if let Some(mt) = self.max_tokens {
+            if mt < 1 {
+                return Err(Error::invalid_param(
+                    format!("max_tokens must be at least 1, got {mt}."),
+                    "max_tokens",
+                    mt,
+                ));
+            }
+        }
+        if self.min_tokens < 0 {
+            return Err(Error::invalid_param(
+                format!("min_tokens must be greater than or equal to 0, got {}.", self.min_tokens),
+                "min_tokens",
+                self.min_tokens,
+            ));
+        }
+        if let Some(mt) = self.max_tokens {
+            if self.min_tokens > mt {
+                return Err(Error::invalid_param(
+                    format!(
+                        "min_tokens must be less than or equal to max_tokens={mt}, got {}.",
+                        self.min_tokens
+                    ),
+                    "min_tokens",
+                    self.min_tokens,
+                ));
+            }
+        }
+        for (name, lp) in [("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)] {
+            if let Some(v) = lp {
+                if v < -1 {
+                    return Err(Error::invalid_param(
+                        format!("{name} must be non-negative or -1, got {v}."),
+                        name,
+                        v,
+                    ));
+                }
+            }
+        }
+        if let Some(ids) = &self.logprob_token_ids {
+            if ids.len() > 128 {
+                return Err(Error::invalid_param(
+                    format!("logprob_token_ids must have at most 128 ids, got {}.", ids.len()),
+                    "logprob_token_ids",
+                    ids.len(),
+                ));
+            }
+        }
+        if let Some(si) = self.stream_interval {
+            if si < 1 {
+                return Err(Error::invalid_param(
+                    format!("stream_interval must be at least 1, got {si}."),
+                    "stream_interval",
+                    si,
+                ));
+            }
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(Error::invalid_param("stop cannot contain an empty string.", "stop", "''"));
+        }
+        if !self.stop.is_empty() && !self.detokenize {
+            return Err(Error::invalid_param(
+                "stop strings are only supported when detokenize is True. Set detokenize=True to use stop.",
+                "stop",
+                format!("{:?}", self.stop),
+            ));
+        }
+        if self.bad_words.iter().any(String::is_empty) {
+            return Err(Error::invalid_param("bad_words cannot contain an empty string.", "bad_words", "''"));
+        }
+        if self.n > 1 && self.temperature < 1e-5 {
+            return Err(Error::invalid_param(
+                format!("n must be 1 when using greedy sampling, got {}.", self.n),
+                "n",
+                self.n,
+            ));
+        }
+        if let Some(so) = &self.structured_outputs {
+            if let Some(obj) = so.as_object() {
+                let n = ["json", "regex", "choice", "grammar", "json_object", "structural_tag"]
+                    .iter()
+                    .filter(|k| obj.get(**k).is_some_and(|v| !v.is_null() && v != &Value::Bool(false)))
+                    .count();
+                if n != 1 {
+                    return Err(Error::bad_request(
+                        "You must use exactly one kind of structured outputs constraint, \
+                         but got a different number.",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// msgspec's `omit_defaults` dump as vLLM's render produces it. msgspec omits a field only
+    /// when the value *is* the default object (identity) or an empty default collection; the
+    /// float fields vLLM fills from its defaults dict are fresh objects and therefore always
+    /// present, as are the lists `__post_init__` creates.
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_owned(), v);
+        };
+        if self.n != 1 {
+            put("n", self.n.into());
+        }
+        put("presence_penalty", self.presence_penalty.into());
+        put("frequency_penalty", self.frequency_penalty.into());
+        put("repetition_penalty", self.repetition_penalty.into());
+        put("temperature", self.temperature.into());
+        put("top_p", self.top_p.into());
+        if self.top_k != 0 {
+            put("top_k", self.top_k.into());
+        }
+        put("min_p", self.min_p.into());
+        if let Some(s) = self.seed {
+            put("seed", s.into());
+        }
+        put("stop", self.stop.clone().into());
+        put("stop_token_ids", self.stop_token_ids.clone().into());
+        if self.ignore_eos {
+            put("ignore_eos", true.into());
+        }
+        if let Some(mt) = self.max_tokens {
+            put("max_tokens", mt.into());
+        }
+        if self.min_tokens != 0 {
+            put("min_tokens", self.min_tokens.into());
+        }
+        if let Some(v) = self.logprobs {
+            put("logprobs", v.into());
+        }
+        if let Some(v) = self.prompt_logprobs {
+            put("prompt_logprobs", v.into());
+        }
+        if let Some(v) = &self.logprob_token_ids {
+            put("logprob_token_ids", v.clone().into());
+        }
+        if let Some(v) = &self.prompt_logprob_token_ids {
+            put("prompt_logprob_token_ids", serde_json::json!(v));
+        }
+        if let Some(v) = self.prompt_logprob_start {
+            put("prompt_logprob_start", v.into());
+        }
+        if self.flat_logprobs {
+            put("flat_logprobs", true.into());
+        }
+        if !self.detokenize {
+            put("detokenize", false.into());
+        }
+        if !self.skip_special_tokens {
+            put("skip_special_tokens", false.into());
+        }
+        if !self.spaces_between_special_tokens {
+            put("spaces_between_special_tokens", false.into());
+        }
+        if self.include_stop_str_in_output {
+            put("include_stop_str_in_output", true.into());
+        }
+        if self.output_kind != OUTPUT_KIND_CUMULATIVE {
+            put("output_kind", self.output_kind.into());
+        }
+        if self.skip_clone {
+            put("skip_clone", true.into());
+        }
+        if self.output_text_buffer_length != 0 {
+            put("output_text_buffer_length", self.output_text_buffer_length.into());
+        }
+        if let Some(v) = self.stream_interval {
+            put("stream_interval", v.into());
+        }
+        if let Some(v) = &self.structured_outputs {
+            put("structured_outputs", v.clone());
+        }
+        if let Some(v) = &self.logit_bias {
+            put("logit_bias", Value::Object(v.clone()));
+        }
+        if let Some(v) = &self.allowed_token_ids {
+            put("allowed_token_ids", v.clone().into());
+        }
+        if let Some(v) = &self.extra_args {
+            put("extra_args", Value::Object(v.clone()));
+        }
+        put("bad_words", self.bad_words.clone().into());
+        if let Some(v) = self.skip_reading_prefix_cache {
+            put("skip_reading_prefix_cache", v.into());
+        }
+        if let Some(v) = self.thinking_token_budget {
+            put("thinking_token_budget", v.into());
+        }
+        if let Some(v) = &self.repetition_detection {
+            put("repetition_detection", v.clone());
+        }
+        if let Some(v) = self.watermarking {
+            put("watermarking", v.into());
+        }
+        if self.routed_experts_prompt_start != 0 {
+            put("routed_experts_prompt_start", self.routed_experts_prompt_start.into());
+        }
+        if let Some(v) = &self.trace_decode_token_ids {
+            put("trace_decode_token_ids", v.clone().into());
+        }
+        Value::Object(m)
+    }
+}
+
+impl Serialize for SamplingParams {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}

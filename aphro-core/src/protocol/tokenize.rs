@@ -1,0 +1,73 @@
+//! `/tokenize` and `/detokenize` bodies (§9).
+use super::{ChatMessage, ChatTool};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+fn default_true() -> bool {
+    true
+}
+
+/// `/tokenize` request: either a completion-style `prompt` or chat `messages`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenizeRequest {
+    Chat(TokenizeChatRequest),
+    Completion(TokenizeCompletionRequest),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenizeCompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: String,
+    #[serde(default = "default_true")]
+    pub add_special_tokens: bool,
+    #[serde(default)]
+    pub return_token_strs: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenizeChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+    #[serde(default)]
+    pub continue_final_message: bool,
+    #[serde(default)]
+    pub add_special_tokens: bool,
+    #[serde(default)]
+    pub return_token_strs: bool,
+    #[serde(default)]
+    pub chat_template: Option<String>,
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub tools: Option<Vec<ChatTool>>,
+    #[serde(default)]
+    pub mm_processor_kwargs: Option<Value>,
+    #[serde(default)]
+    pub media_io_kwargs: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    #[serde(default)]
+    pub token_strs: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DetokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub tokens: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}

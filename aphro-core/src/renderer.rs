@@ -1,0 +1,777 @@
+//! The Renderer: OpenAI chat/completion request → `GenerateRequest` (spec §3, §5, §10).
+use crate::chat_prompt::{normalize_tool, ChatPrompter, RenderedChat, ToolArguments};
+use crate::error::{Error, Result};
+use crate::model::{GenerationDefaults, Model, DEFAULT_MAX_MODEL_LEN};
+use crate::protocol::*;
+use crate::template::{Clock, ContentFormat, SystemClock};
+use crate::tokenizer::Tokenizer;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+
+/// Hooks a configured reasoning/tool parser provides at render time (§3, §11).
+pub trait RenderHooks: Send + Sync {
+    /// `reasoning_ended` for a prompt: `Some(true)` if the prompt already closed reasoning,
+    /// `Some(false)` if it is open. Called only when `include_reasoning` is true.
+    fn reasoning_ended(&self, prompt_ids: &[u32], chat_template_kwargs: &Map<String, Value>) -> Option<bool>;
+    /// Whether a reasoning parser is configured (then `reasoning_parser_kwargs` is emitted).
+    fn has_reasoning_parser(&self) -> bool;
+    /// Tool parsers may adjust sampling (e.g. keep special tokens so markers survive).
+    fn adjust_sampling_params(&self, _req: &ChatCompletionRequest, _params: &mut SamplingParams) {}
+}
+
+/// Renderer configuration.
+#[derive(Clone)]
+pub struct RenderOptions {
+    /// `--chat-template` contents (overrides the model's).
+    pub chat_template: Option<String>,
+    /// `--chat-template-content-format`.
+    pub content_format: ContentFormat,
+    pub tool_arguments: ToolArguments,
+    /// Clock for `strftime_now`.
+    pub clock: Arc<dyn Clock>,
+    /// `--max-model-len` (overrides the model files).
+    pub max_model_len: Option<usize>,
+    /// vLLM's server-default template kwargs, merged under the request's in `parse_context`.
+    pub default_chat_template_kwargs: Map<String, Value>,
+    /// Served names; `None` accepts any `model` value.
+    pub served_model_names: Option<Vec<String>>,
+    /// Reasoning/tool parser hooks.
+    pub hooks: Option<Arc<dyn RenderHooks>>,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        let mut kw = Map::new();
+        // vLLM 0.33 puts this Cohere key into every model's default kwargs (spec §13).
+        kw.insert("cohere_format".into(), Value::String("cmd4".into()));
+        Self {
+            chat_template: None,
+            content_format: ContentFormat::Auto,
+            tool_arguments: ToolArguments::Object,
+            clock: Arc::new(SystemClock),
+            max_model_len: None,
+            default_chat_template_kwargs: kw,
+            served_model_names: None,
+            hooks: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for RenderOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RenderOptions")
+            .field("content_format", &self.content_format)
+            .field("max_model_len", &self.max_model_len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loaded once; `render_*` take `&self` and can be called from many threads.
+pub struct Renderer {
+    model: Arc<Model>,
+    prompter: Option<ChatPrompter>,
+    options: RenderOptions,
+    max_model_len: usize,
+    harmony: bool,
+}
+
+impl std::fmt::Debug for Renderer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renderer")
+            .field("model", &self.model.name)
+            .field("max_model_len", &self.max_model_len)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_i64_range(v: i64, min: i64, name: &str, msg: &str) -> Result<()> {
+    if v < min {
+        return Err(Error::invalid_param(msg.replace("{v}", &v.to_string()), name, v));
+    }
+    Ok(())
+}
+
+impl Renderer {
+    /// Compiles the template once; errors in it surface here, not per request.
+    pub fn new(model: Arc<Model>, options: RenderOptions) -> Result<Self> {
+        let source = options.chat_template.clone().or_else(|| model.chat_template.clone());
+        let prompter = match source {
+            Some(src) => Some(ChatPrompter::new(
+                &src,
+                model.special_tokens.clone(),
+                options.content_format,
+                options.tool_arguments,
+                options.clock.clone(),
+            )?),
+            None => None,
+        };
+        let max_model_len = options.max_model_len.or(model.max_model_len).unwrap_or(DEFAULT_MAX_MODEL_LEN);
+        let harmony = model.model_type.as_deref() == Some("gpt_oss");
+        Ok(Self {
+            model,
+            prompter,
+            options,
+            max_model_len,
+            harmony,
+        })
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.model.tokenizer
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    pub fn prompter(&self) -> Option<&ChatPrompter> {
+        self.prompter.as_ref()
+    }
+
+    fn check_model(&self, model: Option<&str>) -> Result<()> {
+        if let (Some(names), Some(m)) = (&self.options.served_model_names, model) {
+            if !names.iter().any(|n| n == m) {
+                return Err(Error::ModelNotFound(m.to_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Template → prompt string only (no tokenization).
+    pub fn render_chat_prompt(&self, req: &ChatCompletionRequest) -> Result<RenderedChat> {
+        if req.chat_template.is_some() {
+            return Err(Error::bad_request(
+                "Chat template is passed with request, but --trust-request-chat-template is not set. \
+                 Refused request with untrusted chat template.",
+            ));
+        }
+        let prompter = self.prompter.as_ref().ok_or_else(|| {
+            Error::bad_request(
+                "As of transformers v4.44, default chat template is no longer allowed, so you must provide \
+                 a chat template if the tokenizer does not define one.",
+            )
+        })?;
+        prompter.render(req)
+    }
+
+    /// `POST /v1/chat/completions/render` with the body's `request_id`.
+    pub fn render_chat(&self, req: &ChatCompletionRequest) -> Result<GenerateRequest> {
+        self.render_chat_with_id(req, None)
+    }
+
+    /// As [`Self::render_chat`]; `header_request_id` is `X-Request-Id`, which wins over the body.
+    pub fn render_chat_with_id(&self, req: &ChatCompletionRequest, header_request_id: Option<&str>) -> Result<GenerateRequest> {
+        validate_chat(req)?;
+        self.check_model(req.model.as_deref())?;
+        let rendered = self.render_chat_prompt(req)?;
+        let (mut ids, offsets) = if req.return_token_offsets {
+            let (i, o) = self.model.tokenizer.encode_with_offsets(&rendered.prompt, req.add_special_tokens)?;
+            (i, Some(o))
+        } else {
+            (self.model.tokenizer.encode(&rendered.prompt, req.add_special_tokens)?, None)
+        };
+        truncate_prompt(&mut ids, req.truncate_prompt_tokens, req.truncation_side.as_deref(), self.max_model_len)?;
+        self.check_prompt_len(ids.len())?;
+        let requested = req.max_completion_tokens.or(req.max_tokens);
+        let max_tokens = self.resolve_max_tokens(requested, ids.len())?;
+        let mut sp = self.chat_sampling_params(req, max_tokens)?;
+        if let Some(h) = &self.options.hooks {
+            h.adjust_sampling_params(req, &mut sp);
+        }
+        sp.normalize_and_validate()?;
+
+        let mut kwargs = self.options.default_chat_template_kwargs.clone();
+        kwargs.insert("add_generation_prompt".into(), Value::Bool(req.add_generation_prompt));
+        kwargs.insert("continue_final_message".into(), Value::Bool(req.continue_final_message));
+        if let Some(k) = &req.chat_template_kwargs {
+            for (k, v) in k {
+                kwargs.insert(k.clone(), v.clone());
+            }
+        }
+        let (reasoning_ended, reasoning_parser_kwargs) = match &self.options.hooks {
+            Some(h) if h.has_reasoning_parser() => {
+                let ended = if !req.include_reasoning {
+                    Some(true)
+                } else {
+                    h.reasoning_ended(&ids, &kwargs)
+                };
+                (ended, Some(serde_json::json!({"chat_template_kwargs": kwargs.clone()})))
+            }
+            _ => (if req.include_reasoning { None } else { Some(true) }, None),
+        };
+        let tool_choice = match &req.tool_choice {
+            Some(tc) => tc.clone(),
+            None if req.tools.is_some() => Value::String("auto".into()),
+            None => Value::String("none".into()),
+        };
+        let history_tool_call_cnt = req
+            .messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .map(|m| m.tool_calls.as_ref().map_or(0, Vec::len) as u64)
+            .sum();
+        let parse_context = ParseContext {
+            tools: req.tools.as_ref().map(|t| t.iter().map(normalize_tool).collect()),
+            tool_choice: Some(tool_choice),
+            parallel_tool_calls: Some(req.parallel_tool_calls.unwrap_or(true)),
+            include_reasoning: req.include_reasoning,
+            chat_template_kwargs: if self.harmony { Map::new() } else { kwargs },
+            history_tool_call_cnt,
+            extra: Map::new(),
+        };
+        let base = header_request_id
+            .map(str::to_owned)
+            .or_else(|| req.request_id.clone())
+            .unwrap_or_else(random_request_id);
+        let (kv, ec) = hoisted_transfer_params(req.kv_transfer_params.as_ref(), req.ec_transfer_params.as_ref(), req.vllm_xargs.as_ref());
+        Ok(GenerateRequest {
+            request_id: format!("chatcmpl-{base}"),
+            token_ids: ids,
+            sampling_params: sp,
+            model: req.model.clone(),
+            output_mode: "tokens".into(),
+            stream: Some(req.stream),
+            stream_options: if req.stream { req.stream_options } else { None },
+            return_token_ids: req.return_token_ids,
+            cache_salt: req.cache_salt.clone(),
+            priority: req.priority,
+            kv_transfer_params: kv,
+            ec_transfer_params: ec,
+            reasoning_ended,
+            reasoning_parser_kwargs,
+            parse_context: Some(parse_context),
+            token_offsets: offsets,
+            features: None,
+            content_parts: None,
+        })
+    }
+
+    /// `POST /v1/completions/render`: one `GenerateRequest` per prompt.
+    pub fn render_completion(&self, req: &CompletionRequest) -> Result<Vec<GenerateRequest>> {
+        self.render_completion_with_id(req, None)
+    }
+
+    pub fn render_completion_with_id(&self, req: &CompletionRequest, header_request_id: Option<&str>) -> Result<Vec<GenerateRequest>> {
+        validate_completion(req)?;
+        self.check_model(req.model.as_deref())?;
+        let prompts = match (&req.prompt, &req.prompt_embeds) {
+            (Some(p), _) => p.clone().into_prompts(),
+            (None, Some(_)) => {
+                return Err(Error::bad_request("prompt_embeds is not supported by this server."));
+            }
+            (None, None) => {
+                return Err(Error::validation("Either prompt or prompt_embeds must be provided and non-empty.", None))
+            }
+        };
+        if prompts.is_empty() {
+            return Err(Error::validation("Either prompt or prompt_embeds must be provided and non-empty.", None));
+        }
+        let base = header_request_id
+            .map(str::to_owned)
+            .or_else(|| req.request_id.clone())
+            .unwrap_or_else(random_request_id);
+        let n_prompts = prompts.len();
+        let mut out = Vec::with_capacity(n_prompts);
+        for (i, p) in prompts.into_iter().enumerate() {
+            let (mut ids, offsets) = match p {
+                SinglePrompt::Text(t) => {
+                    if req.return_token_offsets {
+                        let (i, o) = self.model.tokenizer.encode_with_offsets(&t, req.add_special_tokens)?;
+                        (i, Some(o))
+                    } else {
+                        (self.model.tokenizer.encode(&t, req.add_special_tokens)?, None)
+                    }
+                }
+                SinglePrompt::Tokens(t) => {
+                    let ids = t
+                        .iter()
+                        .map(|&v| u32::try_from(v).map_err(|_| Error::validation(format!("Invalid token id {v}: token ids must be non-negative."), Some("body.prompt"))))
+                        .collect::<Result<Vec<u32>>>()?;
+                    (ids, None)
+                }
+            };
+            truncate_prompt(&mut ids, req.truncate_prompt_tokens, None, self.max_model_len)?;
+            if ids.is_empty() {
+                return Err(Error::bad_request("No token_ids rendered"));
+            }
+            self.check_prompt_len(ids.len())?;
+            let max_tokens = self.resolve_max_tokens(req.max_tokens, ids.len())?;
+            let mut sp = self.completion_sampling_params(req, max_tokens);
+            sp.normalize_and_validate()?;
+            let (kv, ec) = hoisted_transfer_params(req.kv_transfer_params.as_ref(), req.ec_transfer_params.as_ref(), req.vllm_xargs.as_ref());
+            out.push(GenerateRequest {
+                request_id: if n_prompts == 1 { format!("cmpl-{base}") } else { format!("cmpl-{base}-{i}") },
+                token_ids: ids,
+                sampling_params: sp,
+                model: req.model.clone(),
+                output_mode: "tokens".into(),
+                stream: Some(req.stream),
+                stream_options: if req.stream { req.stream_options } else { None },
+                return_token_ids: req.return_token_ids,
+                cache_salt: req.cache_salt.clone(),
+                priority: req.priority,
+                kv_transfer_params: kv,
+                ec_transfer_params: ec,
+                reasoning_ended: None,
+                reasoning_parser_kwargs: None,
+                parse_context: None,
+                token_offsets: offsets,
+                features: None,
+                content_parts: None,
+            });
+        }
+        Ok(out)
+    }
+
+    fn check_prompt_len(&self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(Error::bad_request("No token_ids rendered"));
+        }
+        if n > self.max_model_len {
+            return Err(Error::PromptTooLong {
+                prompt_len: n,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// §10: min over `max_model_len - prompt_len` and the request (or server default) value.
+    fn resolve_max_tokens(&self, requested: Option<i64>, prompt_len: usize) -> Result<i64> {
+        let room = i64::try_from(self.max_model_len.saturating_sub(prompt_len)).unwrap_or(i64::MAX);
+        if let Some(r) = requested {
+            if r > i64::try_from(self.max_model_len).unwrap_or(i64::MAX) {
+                return Err(Error::invalid_param(
+                    format!(
+                        "max_tokens={r} cannot be greater than max_model_len={}. Please request fewer output tokens.",
+                        self.max_model_len
+                    ),
+                    "max_tokens",
+                    r,
+                ));
+            }
+        }
+        let value = requested.or(self.model.generation_defaults.max_tokens);
+        Ok(match value {
+            Some(v) => v.min(room),
+            None => room,
+        })
+    }
+
+    fn defaults(&self) -> &GenerationDefaults {
+        &self.model.generation_defaults
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn common_params(&self, c: CommonSampling<'_>) -> SamplingParams {
+        let d = self.defaults();
+        let mut stop_token_ids: Vec<i64> = c.stop_token_ids.cloned().unwrap_or_default();
+        stop_token_ids.extend(d.stop_token_ids.iter().copied());
+        let (structured_outputs, _) = structured_from(c.structured_outputs, c.response_format);
+        let extra_args = c.vllm_xargs.map(|x| {
+            x.iter()
+                .filter(|(k, _)| k.as_str() != "kv_transfer_params" && k.as_str() != "ec_transfer_params")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Map<String, Value>>()
+        });
+        SamplingParams {
+            n: c.n,
+            presence_penalty: c.presence_penalty.or(d.presence_penalty).unwrap_or(0.0),
+            frequency_penalty: c.frequency_penalty.or(d.frequency_penalty).unwrap_or(0.0),
+            repetition_penalty: c.repetition_penalty.or(d.repetition_penalty).unwrap_or(1.0),
+            temperature: c.temperature.or(d.temperature).unwrap_or(1.0),
+            top_p: c.top_p.or(d.top_p).unwrap_or(1.0),
+            top_k: c.top_k.or(d.top_k).unwrap_or(0),
+            min_p: c.min_p.or(d.min_p).unwrap_or(0.0),
+            seed: c.seed,
+            stop: c.stop.cloned().map(StopSpec::into_vec).unwrap_or_default(),
+            stop_token_ids,
+            ignore_eos: c.ignore_eos,
+            max_tokens: Some(c.max_tokens),
+            min_tokens: c.min_tokens,
+            logprobs: c.logprobs,
+            prompt_logprobs: c.prompt_logprobs,
+            logprob_token_ids: c.logprob_token_ids.cloned(),
+            include_stop_str_in_output: c.include_stop_str_in_output,
+            skip_special_tokens: c.skip_special_tokens.or(d.skip_special_tokens).unwrap_or(true),
+            spaces_between_special_tokens: c.spaces_between_special_tokens,
+            output_kind: if c.stream { OUTPUT_KIND_DELTA } else { OUTPUT_KIND_FINAL_ONLY },
+            skip_clone: true,
+            stream_interval: c.stream_interval,
+            structured_outputs,
+            logit_bias: c.logit_bias.cloned(),
+            allowed_token_ids: c.allowed_token_ids.cloned(),
+            extra_args: extra_args.filter(|m| !m.is_empty()),
+            bad_words: c.bad_words.cloned().unwrap_or_default(),
+            thinking_token_budget: c.thinking_token_budget,
+            ..SamplingParams::default()
+        }
+    }
+
+    fn chat_sampling_params(&self, req: &ChatCompletionRequest, max_tokens: i64) -> Result<SamplingParams> {
+        let top_logprobs = req.top_logprobs.unwrap_or(0);
+        let logprobs = if req.logprobs && req.logprob_token_ids.is_none() {
+            Some(top_logprobs)
+        } else {
+            None
+        };
+        let prompt_logprobs = req.prompt_logprobs.or(if req.echo && req.top_logprobs.is_some() { Some(top_logprobs) } else { None });
+        let mut sp = self.common_params(CommonSampling {
+            n: req.n,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            repetition_penalty: req.repetition_penalty,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            seed: req.seed,
+            stop: req.stop.as_ref(),
+            stop_token_ids: req.stop_token_ids.as_ref(),
+            ignore_eos: req.ignore_eos,
+            max_tokens,
+            min_tokens: req.min_tokens,
+            logprobs,
+            prompt_logprobs,
+            logprob_token_ids: req.logprob_token_ids.as_ref(),
+            include_stop_str_in_output: req.include_stop_str_in_output,
+            skip_special_tokens: req.skip_special_tokens,
+            spaces_between_special_tokens: req.spaces_between_special_tokens,
+            stream: req.stream,
+            stream_interval: req.stream_interval,
+            structured_outputs: req.structured_outputs.as_ref(),
+            response_format: req.response_format.as_ref(),
+            logit_bias: req.logit_bias.as_ref(),
+            allowed_token_ids: req.allowed_token_ids.as_ref(),
+            vllm_xargs: req.vllm_xargs.as_ref(),
+            bad_words: req.bad_words.as_ref(),
+            thinking_token_budget: req.thinking_token_budget,
+        });
+        sp.repetition_detection = req.repetition_detection.clone();
+        Ok(sp)
+    }
+
+    fn completion_sampling_params(&self, req: &CompletionRequest, max_tokens: i64) -> SamplingParams {
+        let prompt_logprobs = req.prompt_logprobs.or(if req.echo { req.logprobs } else { None });
+        self.common_params(CommonSampling {
+            n: req.n,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            repetition_penalty: req.repetition_penalty,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            seed: req.seed,
+            stop: req.stop.as_ref(),
+            stop_token_ids: req.stop_token_ids.as_ref(),
+            ignore_eos: req.ignore_eos,
+            max_tokens,
+            min_tokens: req.min_tokens,
+            logprobs: if req.logprob_token_ids.is_some() { None } else { req.logprobs },
+            prompt_logprobs,
+            logprob_token_ids: req.logprob_token_ids.as_ref(),
+            include_stop_str_in_output: req.include_stop_str_in_output,
+            skip_special_tokens: req.skip_special_tokens,
+            spaces_between_special_tokens: req.spaces_between_special_tokens,
+            stream: req.stream,
+            stream_interval: req.stream_interval,
+            structured_outputs: req.structured_outputs.as_ref(),
+            response_format: req.response_format.as_ref(),
+            logit_bias: req.logit_bias.as_ref(),
+            allowed_token_ids: req.allowed_token_ids.as_ref(),
+            vllm_xargs: req.vllm_xargs.as_ref(),
+            bad_words: req.bad_words.as_ref(),
+            thinking_token_budget: req.thinking_token_budget,
+        })
+    }
+
+    /// `POST /tokenize` (§9).
+    pub fn tokenize(&self, req: &TokenizeRequest) -> Result<TokenizeResponse> {
+        let (ids, want_strs) = match req {
+            TokenizeRequest::Completion(c) => (self.model.tokenizer.encode(&c.prompt, c.add_special_tokens)?, c.return_token_strs),
+            TokenizeRequest::Chat(c) => {
+                let chat = ChatCompletionRequest {
+                    messages: c.messages.clone(),
+                    model: c.model.clone(),
+                    add_generation_prompt: c.add_generation_prompt,
+                    continue_final_message: c.continue_final_message,
+                    add_special_tokens: c.add_special_tokens,
+                    chat_template: c.chat_template.clone(),
+                    chat_template_kwargs: c.chat_template_kwargs.clone(),
+                    tools: c.tools.clone(),
+                    n: 1,
+                    include_reasoning: true,
+                    spaces_between_special_tokens: true,
+                    length_penalty: 1.0,
+                    ..ChatCompletionRequest::default()
+                };
+                let rendered = self.render_chat_prompt(&chat)?;
+                (self.model.tokenizer.encode(&rendered.prompt, c.add_special_tokens)?, c.return_token_strs)
+            }
+        };
+        let token_strs = want_strs.then(|| {
+            ids.iter()
+                .map(|&i| self.model.tokenizer.id_to_token(i).unwrap_or_default())
+                .collect()
+        });
+        Ok(TokenizeResponse {
+            count: ids.len(),
+            max_model_len: self.max_model_len,
+            tokens: ids,
+            token_strs,
+        })
+    }
+
+    /// `POST /detokenize` (§9).
+    pub fn detokenize(&self, req: &DetokenizeRequest) -> Result<DetokenizeResponse> {
+        let vocab = self.model.tokenizer.vocab_size() as u64;
+        let ids = req
+            .tokens
+            .iter()
+            .map(|&t| {
+                u32::try_from(t)
+                    .ok()
+                    .filter(|&v| u64::from(v) < vocab)
+                    .ok_or_else(|| Error::bad_request(format!("Token id {t} is out of vocabulary")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        Ok(DetokenizeResponse {
+            prompt: self.model.tokenizer.decode(&ids, false)?,
+        })
+    }
+}
+
+/// Fields shared by chat and completion sampling.
+struct CommonSampling<'a> {
+    n: i64,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    repetition_penalty: Option<f64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    min_p: Option<f64>,
+    seed: Option<i64>,
+    stop: Option<&'a StopSpec>,
+    stop_token_ids: Option<&'a Vec<i64>>,
+    ignore_eos: bool,
+    max_tokens: i64,
+    min_tokens: i64,
+    logprobs: Option<i64>,
+    prompt_logprobs: Option<i64>,
+    logprob_token_ids: Option<&'a Vec<i64>>,
+    include_stop_str_in_output: bool,
+    skip_special_tokens: Option<bool>,
+    spaces_between_special_tokens: bool,
+    stream: bool,
+    stream_interval: Option<i64>,
+    structured_outputs: Option<&'a Value>,
+    response_format: Option<&'a Value>,
+    logit_bias: Option<&'a Map<String, Value>>,
+    allowed_token_ids: Option<&'a Vec<i64>>,
+    vllm_xargs: Option<&'a Map<String, Value>>,
+    bad_words: Option<&'a Vec<String>>,
+    thinking_token_budget: Option<i64>,
+}
+
+/// `structured_outputs` from the request, else derived from `response_format`.
+fn structured_from(so: Option<&Value>, rf: Option<&Value>) -> (Option<Value>, ()) {
+    if let Some(so) = so {
+        return (Some(so.clone()), ());
+    }
+    let Some(rf) = rf else { return (None, ()) };
+    let out = match rf.get("type").and_then(Value::as_str) {
+        Some("json_object") => Some(serde_json::json!({"json_object": true})),
+        Some("json_schema") => rf
+            .get("json_schema")
+            .and_then(|s| s.get("schema").or_else(|| s.get("json_schema")))
+            .map(|schema| serde_json::json!({"json": schema})),
+        Some("structural_tag") => Some(serde_json::json!({"structural_tag": rf.to_string()})),
+        _ => None,
+    };
+    (out, ())
+}
+
+/// `kv_transfer_params`/`ec_transfer_params`: request fields, else hoisted out of `vllm_xargs`.
+fn hoisted_transfer_params(kv: Option<&Value>, ec: Option<&Value>, xargs: Option<&Map<String, Value>>) -> (Option<Value>, Option<Value>) {
+    let kv = kv.cloned().or_else(|| xargs.and_then(|x| x.get("kv_transfer_params").cloned()));
+    let ec = ec.cloned().or_else(|| xargs.and_then(|x| x.get("ec_transfer_params").cloned()));
+    (kv, ec)
+}
+
+fn truncate_prompt(ids: &mut Vec<u32>, k: Option<i64>, side: Option<&str>, max_model_len: usize) -> Result<()> {
+    let Some(k) = k else { return Ok(()) };
+    if k < -1 {
+        return Err(Error::invalid_param(
+            format!("truncate_prompt_tokens must be >= -1, got {k}."),
+            "truncate_prompt_tokens",
+            k,
+        ));
+    }
+    let keep = if k == -1 { max_model_len } else { usize::try_from(k).unwrap_or(usize::MAX) };
+    if ids.len() > keep {
+        if side == Some("right") {
+            ids.truncate(keep);
+        } else {
+            let cut = ids.len() - keep;
+            ids.drain(..cut);
+        }
+    }
+    Ok(())
+}
+
+/// Request-level checks of §8.1 (those not covered by `SamplingParams`).
+fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
+    if req.use_beam_search {
+        return Err(Error::bad_request("Beam search is not supported by the render endpoint"));
+    }
+    if req.stream_options.is_some() && !req.stream {
+        return Err(Error::invalid_param(
+            "Stream options can only be defined when `stream=True`.",
+            "stream_options",
+            "stream_options",
+        ));
+    }
+    if let Some(t) = req.top_logprobs {
+        check_i64_range(t, -1, "top_logprobs", "top_logprobs must be a positive value or -1, got {v}.")?;
+        if t != 0 && !req.logprobs {
+            return Err(Error::invalid_param(
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                "top_logprobs",
+                t,
+            ));
+        }
+    }
+    if let Some(p) = req.prompt_logprobs {
+        check_i64_range(p, -1, "prompt_logprobs", "`prompt_logprobs` must be a positive value or -1, got {v}.")?;
+        if req.stream && (p > 0 || p == -1) {
+            return Err(Error::invalid_param(
+                "`prompt_logprobs` are not available when `stream=True`.",
+                "prompt_logprobs",
+                p,
+            ));
+        }
+    }
+    if req.logprob_token_ids.is_some() && !req.logprobs {
+        return Err(Error::invalid_param(
+            "`logprob_token_ids` requires `logprobs=true`.",
+            "logprob_token_ids",
+            "logprob_token_ids",
+        ));
+    }
+    if let Some(tools) = &req.tools {
+        if tools.is_empty() {
+            return Err(Error::invalid_param("`tools` must not be an empty list.", "tools", "[]"));
+        }
+    }
+    if let Some(tc) = &req.tool_choice {
+        let is_none = tc.as_str() == Some("none");
+        if !is_none && req.tools.is_none() {
+            return Err(Error::invalid_param(
+                "When using `tool_choice`, `tools` must be set.",
+                "tool_choice",
+                tc,
+            ));
+        }
+        match tc {
+            Value::String(s) if matches!(s.as_str(), "none" | "auto" | "required") => {}
+            Value::Object(o) => {
+                let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+                let Some(name) = name else {
+                    return Err(Error::invalid_param(
+                        "Expected field `function` with a `name` in a named `tool_choice`.",
+                        "tool_choice",
+                        tc,
+                    ));
+                };
+                let known = req.tools.iter().flatten().any(|t| t.function.name == name);
+                if !known {
+                    return Err(Error::invalid_param(
+                        format!("The tool specified in `tool_choice` does not match any of the specified `tools`: {name}"),
+                        "tool_choice",
+                        tc,
+                    ));
+                }
+            }
+            other => {
+                return Err(Error::invalid_param(
+                    "Invalid value for `tool_choice`: expected \"none\", \"auto\", \"required\" or a named tool.",
+                    "tool_choice",
+                    other,
+                ))
+            }
+        }
+    }
+    if req.continue_final_message && req.add_generation_prompt {
+        return Err(Error::validation(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            None,
+        ));
+    }
+    if let Some(salt) = &req.cache_salt {
+        let n = salt.chars().count();
+        if !(1..=1024).contains(&n) {
+            return Err(Error::validation("cache_salt must be between 1 and 1024 characters.", Some("cache_salt")));
+        }
+    }
+    if let Some(rf) = &req.response_format {
+        if rf.get("type").and_then(Value::as_str) == Some("json_schema") && rf.get("json_schema").is_none_or(Value::is_null) {
+            return Err(Error::validation(
+                "When response_format type is 'json_schema', 'json_schema' must be provided.",
+                Some("response_format"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_completion(req: &CompletionRequest) -> Result<()> {
+    if req.use_beam_search {
+        return Err(Error::bad_request("Beam search is not supported by the render endpoint"));
+    }
+    if req.stream_options.is_some() && !req.stream {
+        return Err(Error::invalid_param(
+            "Stream options can only be defined when `stream=True`.",
+            "stream_options",
+            "stream_options",
+        ));
+    }
+    if let Some(p) = req.prompt_logprobs {
+        check_i64_range(p, -1, "prompt_logprobs", "`prompt_logprobs` must be a positive value or -1, got {v}.")?;
+    }
+    if let Some(salt) = &req.cache_salt {
+        let n = salt.chars().count();
+        if !(1..=1024).contains(&n) {
+            return Err(Error::validation("cache_salt must be between 1 and 1024 characters.", Some("cache_salt")));
+        }
+    }
+    Ok(())
+}
+
+/// Parses a request body as vLLM would: a JSON object with `messages` is a chat request,
+/// with `prompt` a completion request. Deserialization failures are structural 400s.
+pub fn parse_chat_request(body: &Value) -> Result<ChatCompletionRequest> {
+    serde_json::from_value(body.clone()).map_err(|e| structural(&e, "messages"))
+}
+
+pub fn parse_completion_request(body: &Value) -> Result<CompletionRequest> {
+    serde_json::from_value(body.clone()).map_err(|e| structural(&e, "prompt"))
+}
+
+fn structural(e: &serde_json::Error, field: &str) -> Error {
+    let msg = e.to_string();
+    let param = if msg.contains("missing field") {
+        msg.split('`').nth(1).map(|f| format!("body.{f}"))
+    } else {
+        Some(format!("body.{field}"))
+    };
+    Error::Validation {
+        message: format!("1 validation error:\n  {msg}"),
+        param,
+    }
+}
