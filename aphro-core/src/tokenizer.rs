@@ -41,7 +41,11 @@ impl Tokenizer {
     }
 
     /// Encodes and returns `(ids, char offsets)` for `return_token_offsets`.
-    pub fn encode_with_offsets(&self, text: &str, add_special_tokens: bool) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
         self.inner
             .encode(text, add_special_tokens)
             .map(|e| (e.get_ids().to_vec(), e.get_offsets().to_vec()))
