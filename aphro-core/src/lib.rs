@@ -18,3 +18,6 @@ pub mod tokenizer;
 
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};
+pub use renderer::{RenderHooks, RenderOptions, Renderer};
+pub use template::{Clock, ContentFormat, FixedClock, SystemClock};
+pub use tokenizer::Tokenizer;
