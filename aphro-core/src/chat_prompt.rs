@@ -56,7 +56,12 @@ pub struct ChatPrompter {
 fn text_of_parts(parts: &[crate::protocol::ContentPart]) -> Vec<String> {
     parts
         .iter()
-        .filter(|p| matches!(p.kind.as_deref(), None | Some("text") | Some("input_text") | Some("output_text")))
+        .filter(|p| {
+            matches!(
+                p.kind.as_deref(),
+                None | Some("text") | Some("input_text") | Some("output_text")
+            )
+        })
         .filter_map(|p| p.text.clone())
         .collect()
 }
@@ -67,9 +72,15 @@ pub fn normalize_tool(t: &ChatTool) -> Value {
     f.insert("name".into(), Value::String(t.function.name.clone()));
     f.insert(
         "description".into(),
-        t.function.description.clone().map_or(Value::Null, Value::String),
+        t.function
+            .description
+            .clone()
+            .map_or(Value::Null, Value::String),
     );
-    f.insert("parameters".into(), t.function.parameters.clone().unwrap_or(Value::Null));
+    f.insert(
+        "parameters".into(),
+        t.function.parameters.clone().unwrap_or(Value::Null),
+    );
     for (k, v) in &t.function.extra {
         f.insert(k.clone(), v.clone());
     }
@@ -134,10 +145,12 @@ impl ChatPrompter {
                 .iter()
                 .map(|c| {
                     let args = match (&c.function.arguments, self.tool_arguments) {
-                        (Value::String(s), ToolArguments::Object) => match serde_json::from_str::<Value>(s) {
-                            Ok(v @ Value::Object(_)) => v,
-                            _ => Value::Object(Map::new()),
-                        },
+                        (Value::String(s), ToolArguments::Object) => {
+                            match serde_json::from_str::<Value>(s) {
+                                Ok(v @ Value::Object(_)) => v,
+                                _ => Value::Object(Map::new()),
+                            }
+                        }
                         (v, _) => v.clone(),
                     };
                     let mut f = Map::new();
@@ -145,7 +158,10 @@ impl ChatPrompter {
                     f.insert("arguments".into(), args);
                     let mut call = Map::new();
                     call.insert("id".into(), c.id.clone().map_or(Value::Null, Value::String));
-                    call.insert("type".into(), Value::String(c.kind.clone().unwrap_or_else(|| "function".into())));
+                    call.insert(
+                        "type".into(),
+                        Value::String(c.kind.clone().unwrap_or_else(|| "function".into())),
+                    );
                     call.insert("function".into(), Value::Object(f));
                     Value::Object(call)
                 })
@@ -167,7 +183,9 @@ impl ChatPrompter {
 
     /// transformers 5: drop `None`-valued keys and expose reasoning as `thinking` too.
     fn template_message(m: &Value) -> Value {
-        let Some(obj) = m.as_object() else { return m.clone() };
+        let Some(obj) = m.as_object() else {
+            return m.clone();
+        };
         let mut o = Map::new();
         if let Some(r) = obj.get("reasoning").filter(|r| !r.is_null()) {
             o.insert("thinking".into(), r.clone());
@@ -185,7 +203,8 @@ impl ChatPrompter {
         kwargs
             .iter()
             .filter(|(k, _)| {
-                !RESERVED_KWARGS.contains(&k.as_str()) && self.template.referenced_variables().contains(k.as_str())
+                !RESERVED_KWARGS.contains(&k.as_str())
+                    && self.template.referenced_variables().contains(k.as_str())
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
@@ -199,20 +218,36 @@ impl ChatPrompter {
                 None,
             ));
         }
-        let conversation: Vec<Value> = req.messages.iter().map(|m| self.normalize_message(m)).collect();
-        let tools: Option<Vec<Value>> = req.tools.as_ref().map(|t| t.iter().map(normalize_tool).collect());
+        let conversation: Vec<Value> = req
+            .messages
+            .iter()
+            .map(|m| self.normalize_message(m))
+            .collect();
+        let tools: Option<Vec<Value>> = req
+            .tools
+            .as_ref()
+            .map(|t| t.iter().map(normalize_tool).collect());
         let kwargs = self.filter_kwargs(req.chat_template_kwargs.as_ref().unwrap_or(&Map::new()));
 
         let mut ctx = Map::new();
-        ctx.insert("messages".into(), Value::Array(conversation.iter().map(Self::template_message).collect()));
-        ctx.insert("tools".into(), tools.clone().map_or(Value::Null, Value::Array));
+        ctx.insert(
+            "messages".into(),
+            Value::Array(conversation.iter().map(Self::template_message).collect()),
+        );
+        ctx.insert(
+            "tools".into(),
+            tools.clone().map_or(Value::Null, Value::Array),
+        );
         ctx.insert(
             "documents".into(),
-            req.documents
-                .as_ref()
-                .map_or(Value::Null, |d| Value::Array(d.iter().cloned().map(Value::Object).collect())),
+            req.documents.as_ref().map_or(Value::Null, |d| {
+                Value::Array(d.iter().cloned().map(Value::Object).collect())
+            }),
         );
-        ctx.insert("add_generation_prompt".into(), Value::Bool(req.add_generation_prompt));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(req.add_generation_prompt),
+        );
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), v.clone());
         }
@@ -263,7 +298,9 @@ fn cut_after_final_message(rendered: String, last: Option<&Value>) -> Result<Str
         ));
     };
     let lstripped = final_text.trim_start();
-    let end = if rendered[loc..].starts_with(lstripped) && rendered.get(loc..loc + lstripped.len()) == Some(final_text.as_str()) {
+    let end = if rendered[loc..].starts_with(lstripped)
+        && rendered.get(loc..loc + lstripped.len()) == Some(final_text.as_str())
+    {
         loc + lstripped.len()
     } else {
         loc + stripped.len()

@@ -25,7 +25,9 @@ pub enum Error {
     #[error("{0}")]
     Template(String),
     /// Prompt longer than the model context: HTTP 400.
-    #[error("Input length ({prompt_len}) exceeds model's maximum context length ({max_model_len}).")]
+    #[error(
+        "Input length ({prompt_len}) exceeds model's maximum context length ({max_model_len})."
+    )]
     PromptTooLong {
         prompt_len: usize,
         max_model_len: usize,
@@ -66,7 +68,11 @@ impl Error {
     }
 
     /// Semantic 400 with vLLM's `" (parameter=<p>, value=<v>)"` suffix.
-    pub fn invalid_param(message: impl Into<String>, param: &str, value: impl std::fmt::Display) -> Self {
+    pub fn invalid_param(
+        message: impl Into<String>,
+        param: &str,
+        value: impl std::fmt::Display,
+    ) -> Self {
         Error::BadRequest {
             message: format!("{} (parameter={param}, value={value})", message.into()),
             param: Some(param.to_owned()),

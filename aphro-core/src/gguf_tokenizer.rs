@@ -47,7 +47,9 @@ fn gpt2_pre_tokenizer(pre: &str) -> Result<Value> {
 }
 
 fn opt_id(g: &GgufFile, key: &str) -> Option<u32> {
-    g.get(key).and_then(|v| v.as_i64()).and_then(|v| u32::try_from(v).ok())
+    g.get(key)
+        .and_then(|v| v.as_i64())
+        .and_then(|v| u32::try_from(v).ok())
 }
 
 /// Special token ids and flags read from GGUF metadata.
@@ -65,7 +67,10 @@ pub struct GgufSpecials {
 pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<(Tokenizer, GgufSpecials)> {
     let model = g.get_str("tokenizer.ggml.model")?;
     let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
-    let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
+    let types: Vec<i64> = match g
+        .get("tokenizer.ggml.token_type")
+        .and_then(|v| v.as_array())
+    {
         Some(a) => a.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
         None => vec![1; tokens.len()],
     };
@@ -74,8 +79,14 @@ pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<(Tokenizer, GgufSpecials)> {
         eos: opt_id(g, "tokenizer.ggml.eos_token_id"),
         unk: opt_id(g, "tokenizer.ggml.unknown_token_id"),
         pad: opt_id(g, "tokenizer.ggml.padding_token_id"),
-        add_bos: g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(model == "llama"),
-        add_eos: g.get("tokenizer.ggml.add_eos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        add_bos: g
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(model == "llama"),
+        add_eos: g
+            .get("tokenizer.ggml.add_eos_token")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
     };
     let mut vocab = Map::new();
     for (i, t) in tokens.iter().enumerate() {
@@ -89,7 +100,10 @@ pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<(Tokenizer, GgufSpecials)> {
                 "normalized": ty == TOKEN_TYPE_USER_DEFINED && model == "llama", "special": ty == TOKEN_TYPE_CONTROL}));
         }
     }
-    let token_str = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize)).map(|s| (*s).to_owned());
+    let token_str = |id: Option<u32>| {
+        id.and_then(|i| tokens.get(i as usize))
+            .map(|s| (*s).to_owned())
+    };
     let post_processor = {
         let mut single = Vec::new();
         let mut special_tokens = Map::new();
@@ -113,7 +127,10 @@ pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<(Tokenizer, GgufSpecials)> {
                 .into_iter()
                 .map(|m| Value::from(m.to_owned()))
                 .collect();
-            let pre = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
+            let pre = g
+                .get("tokenizer.ggml.pre")
+                .and_then(|v| v.as_str())
+                .unwrap_or("default");
             json!({
                 "version": "1.0", "truncation": null, "padding": null,
                 "added_tokens": added,

@@ -2,6 +2,7 @@
 //!
 //! Entry points: [`model::Model::load`] (dir, `.gguf` or hub id), [`renderer::Renderer`]
 //! (`render_chat`, `render_completion`, `tokenize`, `detokenize`), [`error::Error::to_envelope`].
+pub mod bench_support;
 pub mod chat_prompt;
 pub mod error;
 pub mod gguf;

@@ -16,7 +16,10 @@ pub enum ModelSource {
     Dir(PathBuf),
     Gguf(PathBuf),
     /// A hub id resolved to a snapshot directory of the local cache.
-    Hub { repo_id: String, snapshot: PathBuf },
+    Hub {
+        repo_id: String,
+        snapshot: PathBuf,
+    },
 }
 
 /// Server-side sampling defaults from `generation_config.json` (§10). Only these keys are read.
@@ -89,7 +92,8 @@ pub struct Model {
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     serde_json::from_str(&text).map_err(|e| Error::json(format!("parsing {}", path.display()), e))
 }
 
@@ -123,7 +127,10 @@ fn template_from_config(v: &Value) -> Option<String> {
                     .map(str::to_owned)
             };
             find("default").or_else(|| {
-                list.first().and_then(|t| t.get("template")).and_then(Value::as_str).map(str::to_owned)
+                list.first()
+                    .and_then(|t| t.get("template"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
             })
         }
         _ => None,
@@ -132,7 +139,10 @@ fn template_from_config(v: &Value) -> Option<String> {
 
 /// vLLM's derivation of the context length from `config.json`.
 pub fn max_model_len_from_config(cfg: &Value) -> Option<usize> {
-    let cfg = cfg.get("text_config").filter(|t| t.is_object()).unwrap_or(cfg);
+    let cfg = cfg
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .unwrap_or(cfg);
     const KEYS: [&str; 8] = [
         "max_position_embeddings",
         "n_positions",
@@ -143,8 +153,13 @@ pub fn max_model_len_from_config(cfg: &Value) -> Option<usize> {
         "max_seq_length",
         "seq_len",
     ];
-    let mut len = KEYS.iter().filter_map(|k| cfg.get(*k).and_then(Value::as_u64)).min()?;
-    let rope = cfg.get("rope_scaling").or_else(|| cfg.get("rope_parameters"));
+    let mut len = KEYS
+        .iter()
+        .filter_map(|k| cfg.get(*k).and_then(Value::as_u64))
+        .min()?;
+    let rope = cfg
+        .get("rope_scaling")
+        .or_else(|| cfg.get("rope_parameters"));
     if let Some(rope) = rope.and_then(Value::as_object) {
         let ty = rope
             .get("rope_type")
@@ -154,7 +169,10 @@ pub fn max_model_len_from_config(cfg: &Value) -> Option<usize> {
         if !matches!(ty, "su" | "longrope" | "llama3" | "mrope" | "default" | "") {
             if let Some(factor) = rope.get("factor").and_then(Value::as_f64) {
                 if ty == "yarn" {
-                    if let Some(orig) = rope.get("original_max_position_embeddings").and_then(Value::as_u64) {
+                    if let Some(orig) = rope
+                        .get("original_max_position_embeddings")
+                        .and_then(Value::as_u64)
+                    {
                         len = orig;
                     }
                 }
@@ -175,12 +193,15 @@ fn hub_cache_dir(opts: &LoadOptions) -> PathBuf {
     if let Some(p) = std::env::var_os("HF_HOME") {
         return PathBuf::from(p).join("hub");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
     home.join(".cache").join("huggingface").join("hub")
 }
 
 fn env_offline() -> bool {
-    std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+    std::env::var("HF_HUB_OFFLINE")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
 }
 
 /// Files fetched for a hub model (missing optional ones are fine).
@@ -199,7 +220,11 @@ pub fn resolve_hub(repo_id: &str, opts: &LoadOptions) -> Result<PathBuf> {
     let cache_dir = hub_cache_dir(opts);
     let revision = opts.revision.clone().unwrap_or_else(|| "main".to_owned());
     let cache = hf_hub::Cache::new(cache_dir.clone());
-    let repo = hf_hub::Repo::with_revision(repo_id.to_owned(), hf_hub::RepoType::Model, revision.clone());
+    let repo = hf_hub::Repo::with_revision(
+        repo_id.to_owned(),
+        hf_hub::RepoType::Model,
+        revision.clone(),
+    );
     if let Some(tok) = cache.repo(repo.clone()).get("tokenizer.json") {
         if let Some(dir) = tok.parent() {
             return Ok(dir.to_path_buf());
@@ -216,7 +241,11 @@ pub fn resolve_hub(repo_id: &str, opts: &LoadOptions) -> Result<PathBuf> {
         .with_cache_dir(cache_dir.clone())
         .with_progress(false)
         .build()
-        .map_err(|e| Error::ModelFiles(format!("model `{repo_id}`: cannot start the hub client: {e}")))?;
+        .map_err(|e| {
+            Error::ModelFiles(format!(
+                "model `{repo_id}`: cannot start the hub client: {e}"
+            ))
+        })?;
     let api_repo = api.repo(repo);
     let tok = api_repo.get("tokenizer.json").map_err(|e| {
         Error::ModelFiles(format!(
@@ -243,13 +272,31 @@ impl Model {
         let path = Path::new(spec);
         if path.is_dir() {
             Self::from_dir(spec, path, ModelSource::Dir(path.to_path_buf()))
-        } else if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        } else if path.is_file()
+            && path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
             Self::from_gguf(spec, path)
-        } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) || spec.starts_with('/') || spec.starts_with('.') {
-            Err(Error::ModelFiles(format!("model path `{spec}` does not exist")))
+        } else if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            || spec.starts_with('/')
+            || spec.starts_with('.')
+        {
+            Err(Error::ModelFiles(format!(
+                "model path `{spec}` does not exist"
+            )))
         } else {
             let snapshot = resolve_hub(spec, opts)?;
-            Self::from_dir(spec, &snapshot.clone(), ModelSource::Hub { repo_id: spec.to_owned(), snapshot })
+            Self::from_dir(
+                spec,
+                &snapshot.clone(),
+                ModelSource::Hub {
+                    repo_id: spec.to_owned(),
+                    snapshot,
+                },
+            )
         }
     }
 
@@ -257,14 +304,20 @@ impl Model {
     pub fn from_dir(name: &str, dir: &Path, source: ModelSource) -> Result<Self> {
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.is_file() {
-            return Err(Error::ModelFiles(format!("model `{name}`: no tokenizer.json in {}", dir.display())));
+            return Err(Error::ModelFiles(format!(
+                "model `{name}`: no tokenizer.json in {}",
+                dir.display()
+            )));
         }
         let tokenizer = Tokenizer::from_file(&tok_path)?;
         let tok_cfg = read_json_opt(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         // transformers 5: a separate chat_template.jinja wins over the config's field.
         let chat_template = if dir.join("chat_template.jinja").is_file() {
             let p = dir.join("chat_template.jinja");
-            Some(std::fs::read_to_string(&p).map_err(|e| Error::io(format!("reading {}", p.display()), e))?)
+            Some(
+                std::fs::read_to_string(&p)
+                    .map_err(|e| Error::io(format!("reading {}", p.display()), e))?,
+            )
         } else if let Some(v) = read_json_opt(&dir.join("chat_template.json"))? {
             template_from_config(&v)
         } else {
@@ -274,10 +327,22 @@ impl Model {
         let config = read_json_opt(&dir.join("config.json"))?;
         let gen_cfg = read_json_opt(&dir.join("generation_config.json"))?;
         let max_model_len = config.as_ref().and_then(max_model_len_from_config);
-        let generation_defaults = gen_cfg.as_ref().map(GenerationDefaults::from_json).unwrap_or_default();
-        let mut eos_token_ids: Vec<u32> = match gen_cfg.as_ref().and_then(|g| g.get("eos_token_id")) {
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).filter_map(|v| u32::try_from(v).ok()).collect(),
-            Some(v) => v.as_u64().and_then(|v| u32::try_from(v).ok()).into_iter().collect(),
+        let generation_defaults = gen_cfg
+            .as_ref()
+            .map(GenerationDefaults::from_json)
+            .unwrap_or_default();
+        let mut eos_token_ids: Vec<u32> = match gen_cfg.as_ref().and_then(|g| g.get("eos_token_id"))
+        {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .filter_map(|v| u32::try_from(v).ok())
+                .collect(),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .into_iter()
+                .collect(),
             None => Vec::new(),
         };
         if eos_token_ids.is_empty() {
@@ -298,7 +363,11 @@ impl Model {
             max_model_len,
             generation_defaults,
             eos_token_ids,
-            model_type: config.as_ref().and_then(|c| c.get("model_type")).and_then(Value::as_str).map(str::to_owned),
+            model_type: config
+                .as_ref()
+                .and_then(|c| c.get("model_type"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         })
     }
 
@@ -306,14 +375,25 @@ impl Model {
     pub fn from_gguf(name: &str, path: &Path) -> Result<Self> {
         let g = GgufFile::open(path)?;
         let (tokenizer, sp) = crate::gguf_tokenizer::tokenizer_from_gguf(&g)?;
-        let chat_template = g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_owned);
+        let chat_template = g
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
         let mut special_tokens = Map::new();
-        for (key, id) in [("bos_token", sp.bos), ("eos_token", sp.eos), ("unk_token", sp.unk), ("pad_token", sp.pad)] {
+        for (key, id) in [
+            ("bos_token", sp.bos),
+            ("eos_token", sp.eos),
+            ("unk_token", sp.unk),
+            ("pad_token", sp.pad),
+        ] {
             if let Some(t) = id.and_then(|i| tokenizer.id_to_token(i)) {
                 special_tokens.insert(key.to_owned(), Value::String(t));
             }
         }
-        let max_model_len = g.arch_i64("context_length").ok().and_then(|v| usize::try_from(v).ok());
+        let max_model_len = g
+            .arch_i64("context_length")
+            .ok()
+            .and_then(|v| usize::try_from(v).ok());
         Ok(Self {
             name: name.to_owned(),
             source: ModelSource::Gguf(path.to_path_buf()),
@@ -332,7 +412,15 @@ impl Model {
 /// that are set, then `extra_special_tokens` (named ones, e.g. Gemma 3's `boi_token`).
 pub fn special_tokens_from_config(cfg: &Value) -> Map<String, Value> {
     let mut out = Map::new();
-    for key in ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"] {
+    for key in [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+    ] {
         if let Some(t) = cfg.get(key).and_then(token_content) {
             out.insert(key.to_owned(), Value::String(t));
         }

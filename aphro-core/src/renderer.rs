@@ -12,7 +12,11 @@ use std::sync::Arc;
 pub trait RenderHooks: Send + Sync {
     /// `reasoning_ended` for a prompt: `Some(true)` if the prompt already closed reasoning,
     /// `Some(false)` if it is open. Called only when `include_reasoning` is true.
-    fn reasoning_ended(&self, prompt_ids: &[u32], chat_template_kwargs: &Map<String, Value>) -> Option<bool>;
+    fn reasoning_ended(
+        &self,
+        prompt_ids: &[u32],
+        chat_template_kwargs: &Map<String, Value>,
+    ) -> Option<bool>;
     /// Whether a reasoning parser is configured (then `reasoning_parser_kwargs` is emitted).
     fn has_reasoning_parser(&self) -> bool;
     /// Tool parsers may adjust sampling (e.g. keep special tokens so markers survive).
@@ -86,7 +90,11 @@ impl std::fmt::Debug for Renderer {
 
 fn check_i64_range(v: i64, min: i64, name: &str, msg: &str) -> Result<()> {
     if v < min {
-        return Err(Error::invalid_param(msg.replace("{v}", &v.to_string()), name, v));
+        return Err(Error::invalid_param(
+            msg.replace("{v}", &v.to_string()),
+            name,
+            v,
+        ));
     }
     Ok(())
 }
@@ -94,7 +102,10 @@ fn check_i64_range(v: i64, min: i64, name: &str, msg: &str) -> Result<()> {
 impl Renderer {
     /// Compiles the template once; errors in it surface here, not per request.
     pub fn new(model: Arc<Model>, options: RenderOptions) -> Result<Self> {
-        let source = options.chat_template.clone().or_else(|| model.chat_template.clone());
+        let source = options
+            .chat_template
+            .clone()
+            .or_else(|| model.chat_template.clone());
         let prompter = match source {
             Some(src) => Some(ChatPrompter::new(
                 &src,
@@ -105,7 +116,10 @@ impl Renderer {
             )?),
             None => None,
         };
-        let max_model_len = options.max_model_len.or(model.max_model_len).unwrap_or(DEFAULT_MAX_MODEL_LEN);
+        let max_model_len = options
+            .max_model_len
+            .or(model.max_model_len)
+            .unwrap_or(DEFAULT_MAX_MODEL_LEN);
         let harmony = model.model_type.as_deref() == Some("gpt_oss");
         Ok(Self {
             model,
@@ -164,17 +178,34 @@ impl Renderer {
     }
 
     /// As [`Self::render_chat`]; `header_request_id` is `X-Request-Id`, which wins over the body.
-    pub fn render_chat_with_id(&self, req: &ChatCompletionRequest, header_request_id: Option<&str>) -> Result<GenerateRequest> {
+    pub fn render_chat_with_id(
+        &self,
+        req: &ChatCompletionRequest,
+        header_request_id: Option<&str>,
+    ) -> Result<GenerateRequest> {
         validate_chat(req)?;
         self.check_model(req.model.as_deref())?;
         let rendered = self.render_chat_prompt(req)?;
         let (mut ids, offsets) = if req.return_token_offsets {
-            let (i, o) = self.model.tokenizer.encode_with_offsets(&rendered.prompt, req.add_special_tokens)?;
+            let (i, o) = self
+                .model
+                .tokenizer
+                .encode_with_offsets(&rendered.prompt, req.add_special_tokens)?;
             (i, Some(o))
         } else {
-            (self.model.tokenizer.encode(&rendered.prompt, req.add_special_tokens)?, None)
+            (
+                self.model
+                    .tokenizer
+                    .encode(&rendered.prompt, req.add_special_tokens)?,
+                None,
+            )
         };
-        truncate_prompt(&mut ids, req.truncate_prompt_tokens, req.truncation_side.as_deref(), self.max_model_len)?;
+        truncate_prompt(
+            &mut ids,
+            req.truncate_prompt_tokens,
+            req.truncation_side.as_deref(),
+            self.max_model_len,
+        )?;
         self.check_prompt_len(ids.len())?;
         let requested = req.max_completion_tokens.or(req.max_tokens);
         let max_tokens = self.resolve_max_tokens(requested, ids.len())?;
@@ -185,8 +216,14 @@ impl Renderer {
         sp.normalize_and_validate()?;
 
         let mut kwargs = self.options.default_chat_template_kwargs.clone();
-        kwargs.insert("add_generation_prompt".into(), Value::Bool(req.add_generation_prompt));
-        kwargs.insert("continue_final_message".into(), Value::Bool(req.continue_final_message));
+        kwargs.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(req.add_generation_prompt),
+        );
+        kwargs.insert(
+            "continue_final_message".into(),
+            Value::Bool(req.continue_final_message),
+        );
         if let Some(k) = &req.chat_template_kwargs {
             for (k, v) in k {
                 kwargs.insert(k.clone(), v.clone());
@@ -199,9 +236,19 @@ impl Renderer {
                 } else {
                     h.reasoning_ended(&ids, &kwargs)
                 };
-                (ended, Some(serde_json::json!({"chat_template_kwargs": kwargs.clone()})))
+                (
+                    ended,
+                    Some(serde_json::json!({"chat_template_kwargs": kwargs.clone()})),
+                )
             }
-            _ => (if req.include_reasoning { None } else { Some(true) }, None),
+            _ => (
+                if req.include_reasoning {
+                    None
+                } else {
+                    Some(true)
+                },
+                None,
+            ),
         };
         let tool_choice = match &req.tool_choice {
             Some(tc) => tc.clone(),
@@ -215,7 +262,10 @@ impl Renderer {
             .map(|m| m.tool_calls.as_ref().map_or(0, Vec::len) as u64)
             .sum();
         let parse_context = ParseContext {
-            tools: req.tools.as_ref().map(|t| t.iter().map(normalize_tool).collect()),
+            tools: req
+                .tools
+                .as_ref()
+                .map(|t| t.iter().map(normalize_tool).collect()),
             tool_choice: Some(tool_choice),
             parallel_tool_calls: Some(req.parallel_tool_calls.unwrap_or(true)),
             include_reasoning: req.include_reasoning,
@@ -227,7 +277,11 @@ impl Renderer {
             .map(str::to_owned)
             .or_else(|| req.request_id.clone())
             .unwrap_or_else(random_request_id);
-        let (kv, ec) = hoisted_transfer_params(req.kv_transfer_params.as_ref(), req.ec_transfer_params.as_ref(), req.vllm_xargs.as_ref());
+        let (kv, ec) = hoisted_transfer_params(
+            req.kv_transfer_params.as_ref(),
+            req.ec_transfer_params.as_ref(),
+            req.vllm_xargs.as_ref(),
+        );
         Ok(GenerateRequest {
             request_id: format!("chatcmpl-{base}"),
             token_ids: ids,
@@ -255,20 +309,32 @@ impl Renderer {
         self.render_completion_with_id(req, None)
     }
 
-    pub fn render_completion_with_id(&self, req: &CompletionRequest, header_request_id: Option<&str>) -> Result<Vec<GenerateRequest>> {
+    pub fn render_completion_with_id(
+        &self,
+        req: &CompletionRequest,
+        header_request_id: Option<&str>,
+    ) -> Result<Vec<GenerateRequest>> {
         validate_completion(req)?;
         self.check_model(req.model.as_deref())?;
         let prompts = match (&req.prompt, &req.prompt_embeds) {
             (Some(p), _) => p.clone().into_prompts(),
             (None, Some(_)) => {
-                return Err(Error::bad_request("prompt_embeds is not supported by this server."));
+                return Err(Error::bad_request(
+                    "prompt_embeds is not supported by this server.",
+                ));
             }
             (None, None) => {
-                return Err(Error::validation("Either prompt or prompt_embeds must be provided and non-empty.", None))
+                return Err(Error::validation(
+                    "Either prompt or prompt_embeds must be provided and non-empty.",
+                    None,
+                ))
             }
         };
         if prompts.is_empty() {
-            return Err(Error::validation("Either prompt or prompt_embeds must be provided and non-empty.", None));
+            return Err(Error::validation(
+                "Either prompt or prompt_embeds must be provided and non-empty.",
+                None,
+            ));
         }
         let base = header_request_id
             .map(str::to_owned)
@@ -280,21 +346,41 @@ impl Renderer {
             let (mut ids, offsets) = match p {
                 SinglePrompt::Text(t) => {
                     if req.return_token_offsets {
-                        let (i, o) = self.model.tokenizer.encode_with_offsets(&t, req.add_special_tokens)?;
+                        let (i, o) = self
+                            .model
+                            .tokenizer
+                            .encode_with_offsets(&t, req.add_special_tokens)?;
                         (i, Some(o))
                     } else {
-                        (self.model.tokenizer.encode(&t, req.add_special_tokens)?, None)
+                        (
+                            self.model.tokenizer.encode(&t, req.add_special_tokens)?,
+                            None,
+                        )
                     }
                 }
                 SinglePrompt::Tokens(t) => {
                     let ids = t
                         .iter()
-                        .map(|&v| u32::try_from(v).map_err(|_| Error::validation(format!("Invalid token id {v}: token ids must be non-negative."), Some("body.prompt"))))
+                        .map(|&v| {
+                            u32::try_from(v).map_err(|_| {
+                                Error::validation(
+                                    format!(
+                                        "Invalid token id {v}: token ids must be non-negative."
+                                    ),
+                                    Some("body.prompt"),
+                                )
+                            })
+                        })
                         .collect::<Result<Vec<u32>>>()?;
                     (ids, None)
                 }
             };
-            truncate_prompt(&mut ids, req.truncate_prompt_tokens, None, self.max_model_len)?;
+            truncate_prompt(
+                &mut ids,
+                req.truncate_prompt_tokens,
+                None,
+                self.max_model_len,
+            )?;
             if ids.is_empty() {
                 return Err(Error::bad_request("No token_ids rendered"));
             }
@@ -302,9 +388,17 @@ impl Renderer {
             let max_tokens = self.resolve_max_tokens(req.max_tokens, ids.len())?;
             let mut sp = self.completion_sampling_params(req, max_tokens);
             sp.normalize_and_validate()?;
-            let (kv, ec) = hoisted_transfer_params(req.kv_transfer_params.as_ref(), req.ec_transfer_params.as_ref(), req.vllm_xargs.as_ref());
+            let (kv, ec) = hoisted_transfer_params(
+                req.kv_transfer_params.as_ref(),
+                req.ec_transfer_params.as_ref(),
+                req.vllm_xargs.as_ref(),
+            );
             out.push(GenerateRequest {
-                request_id: if n_prompts == 1 { format!("cmpl-{base}") } else { format!("cmpl-{base}-{i}") },
+                request_id: if n_prompts == 1 {
+                    format!("cmpl-{base}")
+                } else {
+                    format!("cmpl-{base}-{i}")
+                },
                 token_ids: ids,
                 sampling_params: sp,
                 model: req.model.clone(),
@@ -374,7 +468,9 @@ impl Renderer {
         let (structured_outputs, _) = structured_from(c.structured_outputs, c.response_format);
         let extra_args = c.vllm_xargs.map(|x| {
             x.iter()
-                .filter(|(k, _)| k.as_str() != "kv_transfer_params" && k.as_str() != "ec_transfer_params")
+                .filter(|(k, _)| {
+                    k.as_str() != "kv_transfer_params" && k.as_str() != "ec_transfer_params"
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect::<Map<String, Value>>()
         });
@@ -397,9 +493,16 @@ impl Renderer {
             prompt_logprobs: c.prompt_logprobs,
             logprob_token_ids: c.logprob_token_ids.cloned(),
             include_stop_str_in_output: c.include_stop_str_in_output,
-            skip_special_tokens: c.skip_special_tokens.or(d.skip_special_tokens).unwrap_or(true),
+            skip_special_tokens: c
+                .skip_special_tokens
+                .or(d.skip_special_tokens)
+                .unwrap_or(true),
             spaces_between_special_tokens: c.spaces_between_special_tokens,
-            output_kind: if c.stream { OUTPUT_KIND_DELTA } else { OUTPUT_KIND_FINAL_ONLY },
+            output_kind: if c.stream {
+                OUTPUT_KIND_DELTA
+            } else {
+                OUTPUT_KIND_FINAL_ONLY
+            },
             skip_clone: true,
             stream_interval: c.stream_interval,
             structured_outputs,
@@ -412,14 +515,24 @@ impl Renderer {
         }
     }
 
-    fn chat_sampling_params(&self, req: &ChatCompletionRequest, max_tokens: i64) -> Result<SamplingParams> {
+    fn chat_sampling_params(
+        &self,
+        req: &ChatCompletionRequest,
+        max_tokens: i64,
+    ) -> Result<SamplingParams> {
         let top_logprobs = req.top_logprobs.unwrap_or(0);
         let logprobs = if req.logprobs && req.logprob_token_ids.is_none() {
             Some(top_logprobs)
         } else {
             None
         };
-        let prompt_logprobs = req.prompt_logprobs.or(if req.echo && req.top_logprobs.is_some() { Some(top_logprobs) } else { None });
+        let prompt_logprobs = req
+            .prompt_logprobs
+            .or(if req.echo && req.top_logprobs.is_some() {
+                Some(top_logprobs)
+            } else {
+                None
+            });
         let mut sp = self.common_params(CommonSampling {
             n: req.n,
             presence_penalty: req.presence_penalty,
@@ -455,8 +568,14 @@ impl Renderer {
         Ok(sp)
     }
 
-    fn completion_sampling_params(&self, req: &CompletionRequest, max_tokens: i64) -> SamplingParams {
-        let prompt_logprobs = req.prompt_logprobs.or(if req.echo { req.logprobs } else { None });
+    fn completion_sampling_params(
+        &self,
+        req: &CompletionRequest,
+        max_tokens: i64,
+    ) -> SamplingParams {
+        let prompt_logprobs = req
+            .prompt_logprobs
+            .or(if req.echo { req.logprobs } else { None });
         self.common_params(CommonSampling {
             n: req.n,
             presence_penalty: req.presence_penalty,
@@ -472,7 +591,11 @@ impl Renderer {
             ignore_eos: req.ignore_eos,
             max_tokens,
             min_tokens: req.min_tokens,
-            logprobs: if req.logprob_token_ids.is_some() { None } else { req.logprobs },
+            logprobs: if req.logprob_token_ids.is_some() {
+                None
+            } else {
+                req.logprobs
+            },
             prompt_logprobs,
             logprob_token_ids: req.logprob_token_ids.as_ref(),
             include_stop_str_in_output: req.include_stop_str_in_output,
@@ -493,7 +616,12 @@ impl Renderer {
     /// `POST /tokenize` (§9).
     pub fn tokenize(&self, req: &TokenizeRequest) -> Result<TokenizeResponse> {
         let (ids, want_strs) = match req {
-            TokenizeRequest::Completion(c) => (self.model.tokenizer.encode(&c.prompt, c.add_special_tokens)?, c.return_token_strs),
+            TokenizeRequest::Completion(c) => (
+                self.model
+                    .tokenizer
+                    .encode(&c.prompt, c.add_special_tokens)?,
+                c.return_token_strs,
+            ),
             TokenizeRequest::Chat(c) => {
                 let chat = ChatCompletionRequest {
                     messages: c.messages.clone(),
@@ -511,7 +639,12 @@ impl Renderer {
                     ..ChatCompletionRequest::default()
                 };
                 let rendered = self.render_chat_prompt(&chat)?;
-                (self.model.tokenizer.encode(&rendered.prompt, c.add_special_tokens)?, c.return_token_strs)
+                (
+                    self.model
+                        .tokenizer
+                        .encode(&rendered.prompt, c.add_special_tokens)?,
+                    c.return_token_strs,
+                )
             }
         };
         let token_strs = want_strs.then(|| {
@@ -598,13 +731,26 @@ fn structured_from(so: Option<&Value>, rf: Option<&Value>) -> (Option<Value>, ()
 }
 
 /// `kv_transfer_params`/`ec_transfer_params`: request fields, else hoisted out of `vllm_xargs`.
-fn hoisted_transfer_params(kv: Option<&Value>, ec: Option<&Value>, xargs: Option<&Map<String, Value>>) -> (Option<Value>, Option<Value>) {
-    let kv = kv.cloned().or_else(|| xargs.and_then(|x| x.get("kv_transfer_params").cloned()));
-    let ec = ec.cloned().or_else(|| xargs.and_then(|x| x.get("ec_transfer_params").cloned()));
+fn hoisted_transfer_params(
+    kv: Option<&Value>,
+    ec: Option<&Value>,
+    xargs: Option<&Map<String, Value>>,
+) -> (Option<Value>, Option<Value>) {
+    let kv = kv
+        .cloned()
+        .or_else(|| xargs.and_then(|x| x.get("kv_transfer_params").cloned()));
+    let ec = ec
+        .cloned()
+        .or_else(|| xargs.and_then(|x| x.get("ec_transfer_params").cloned()));
     (kv, ec)
 }
 
-fn truncate_prompt(ids: &mut Vec<u32>, k: Option<i64>, side: Option<&str>, max_model_len: usize) -> Result<()> {
+fn truncate_prompt(
+    ids: &mut Vec<u32>,
+    k: Option<i64>,
+    side: Option<&str>,
+    max_model_len: usize,
+) -> Result<()> {
     let Some(k) = k else { return Ok(()) };
     if k < -1 {
         return Err(Error::invalid_param(
@@ -613,7 +759,11 @@ fn truncate_prompt(ids: &mut Vec<u32>, k: Option<i64>, side: Option<&str>, max_m
             k,
         ));
     }
-    let keep = if k == -1 { max_model_len } else { usize::try_from(k).unwrap_or(usize::MAX) };
+    let keep = if k == -1 {
+        max_model_len
+    } else {
+        usize::try_from(k).unwrap_or(usize::MAX)
+    };
     if ids.len() > keep {
         if side == Some("right") {
             ids.truncate(keep);
@@ -628,7 +778,9 @@ fn truncate_prompt(ids: &mut Vec<u32>, k: Option<i64>, side: Option<&str>, max_m
 /// Request-level checks of §8.1 (those not covered by `SamplingParams`).
 fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
     if req.use_beam_search {
-        return Err(Error::bad_request("Beam search is not supported by the render endpoint"));
+        return Err(Error::bad_request(
+            "Beam search is not supported by the render endpoint",
+        ));
     }
     if req.stream_options.is_some() && !req.stream {
         return Err(Error::invalid_param(
@@ -638,7 +790,12 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
         ));
     }
     if let Some(t) = req.top_logprobs {
-        check_i64_range(t, -1, "top_logprobs", "top_logprobs must be a positive value or -1, got {v}.")?;
+        check_i64_range(
+            t,
+            -1,
+            "top_logprobs",
+            "top_logprobs must be a positive value or -1, got {v}.",
+        )?;
         if t != 0 && !req.logprobs {
             return Err(Error::invalid_param(
                 "when using `top_logprobs`, `logprobs` must be set to true.",
@@ -648,7 +805,12 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
         }
     }
     if let Some(p) = req.prompt_logprobs {
-        check_i64_range(p, -1, "prompt_logprobs", "`prompt_logprobs` must be a positive value or -1, got {v}.")?;
+        check_i64_range(
+            p,
+            -1,
+            "prompt_logprobs",
+            "`prompt_logprobs` must be a positive value or -1, got {v}.",
+        )?;
         if req.stream && (p > 0 || p == -1) {
             return Err(Error::invalid_param(
                 "`prompt_logprobs` are not available when `stream=True`.",
@@ -666,7 +828,11 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
     }
     if let Some(tools) = &req.tools {
         if tools.is_empty() {
-            return Err(Error::invalid_param("`tools` must not be an empty list.", "tools", "[]"));
+            return Err(Error::invalid_param(
+                "`tools` must not be an empty list.",
+                "tools",
+                "[]",
+            ));
         }
     }
     if let Some(tc) = &req.tool_choice {
@@ -716,11 +882,16 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
     if let Some(salt) = &req.cache_salt {
         let n = salt.chars().count();
         if !(1..=1024).contains(&n) {
-            return Err(Error::validation("cache_salt must be between 1 and 1024 characters.", Some("cache_salt")));
+            return Err(Error::validation(
+                "cache_salt must be between 1 and 1024 characters.",
+                Some("cache_salt"),
+            ));
         }
     }
     if let Some(rf) = &req.response_format {
-        if rf.get("type").and_then(Value::as_str) == Some("json_schema") && rf.get("json_schema").is_none_or(Value::is_null) {
+        if rf.get("type").and_then(Value::as_str) == Some("json_schema")
+            && rf.get("json_schema").is_none_or(Value::is_null)
+        {
             return Err(Error::validation(
                 "When response_format type is 'json_schema', 'json_schema' must be provided.",
                 Some("response_format"),
@@ -732,7 +903,9 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
 
 fn validate_completion(req: &CompletionRequest) -> Result<()> {
     if req.use_beam_search {
-        return Err(Error::bad_request("Beam search is not supported by the render endpoint"));
+        return Err(Error::bad_request(
+            "Beam search is not supported by the render endpoint",
+        ));
     }
     if req.stream_options.is_some() && !req.stream {
         return Err(Error::invalid_param(
@@ -742,12 +915,20 @@ fn validate_completion(req: &CompletionRequest) -> Result<()> {
         ));
     }
     if let Some(p) = req.prompt_logprobs {
-        check_i64_range(p, -1, "prompt_logprobs", "`prompt_logprobs` must be a positive value or -1, got {v}.")?;
+        check_i64_range(
+            p,
+            -1,
+            "prompt_logprobs",
+            "`prompt_logprobs` must be a positive value or -1, got {v}.",
+        )?;
     }
     if let Some(salt) = &req.cache_salt {
         let n = salt.chars().count();
         if !(1..=1024).contains(&n) {
-            return Err(Error::validation("cache_salt must be between 1 and 1024 characters.", Some("cache_salt")));
+            return Err(Error::validation(
+                "cache_salt must be between 1 and 1024 characters.",
+                Some("cache_salt"),
+            ));
         }
     }
     Ok(())

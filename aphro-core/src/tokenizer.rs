@@ -1,6 +1,9 @@
 //! The text ↔ token-id boundary: a thin wrapper over HF `tokenizers` with crate errors.
 use crate::error::{Error, Result};
 
+/// Token ids with the character span each covers.
+pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A loaded tokenizer. Cheap to share behind an `Arc`; encode/decode take `&self`.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -41,7 +44,11 @@ impl Tokenizer {
     }
 
     /// Encodes and returns `(ids, char offsets)` for `return_token_offsets`.
-    pub fn encode_with_offsets(&self, text: &str, add_special_tokens: bool) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<IdsWithOffsets> {
         self.inner
             .encode(text, add_special_tokens)
             .map(|e| (e.get_ids().to_vec(), e.get_offsets().to_vec()))

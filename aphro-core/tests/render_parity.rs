@@ -10,16 +10,25 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 fn clock(now: &str) -> Arc<FixedClock> {
-    let t = chrono::NaiveDateTime::parse_from_str(now, "%Y-%m-%dT%H:%M:%S").expect("frozen clock in case");
+    let t = chrono::NaiveDateTime::parse_from_str(now, "%Y-%m-%dT%H:%M:%S")
+        .expect("frozen clock in case");
     Arc::new(FixedClock(t))
 }
 
 /// The model a golden's `tokenizer` path refers to. SmolLM2 has no tokenizer.json in the
 /// asset cache: its cases run on the GGUF's own tokenizer and template.
 fn load_model(tokenizer_path: &str) -> Model {
-    let family = tokenizer_path.split('/').nth(2).expect("fixtures/tokenizers/<family>/…");
+    let family = tokenizer_path
+        .split('/')
+        .nth(2)
+        .expect("fixtures/tokenizers/<family>/…");
     if family == "smollm2" {
-        Model::load(common::asset(common::SMOLLM2_GGUF).to_str().expect("utf-8 path")).expect("load gguf")
+        Model::load(
+            common::asset(common::SMOLLM2_GGUF)
+                .to_str()
+                .expect("utf-8 path"),
+        )
+        .expect("load gguf")
     } else {
         let dir = common::asset(&format!("tokenizers/{family}"));
         Model::load(dir.to_str().expect("utf-8 path")).expect("load tokenizer dir")
@@ -50,7 +59,8 @@ struct Tally {
 
 fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
     let id = case["id"].as_str().unwrap_or("?");
-    let req: ChatCompletionRequest = serde_json::from_value(case["request"].clone()).map_err(|e| format!("{id}: request: {e}"))?;
+    let req: ChatCompletionRequest = serde_json::from_value(case["request"].clone())
+        .map_err(|e| format!("{id}: request: {e}"))?;
     let tool_arguments = match case["tool_arguments"].as_str() {
         Some("string") => ToolArguments::String,
         _ => ToolArguments::Object,
@@ -72,16 +82,26 @@ fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
                 clock,
                 ..RenderOptions::default()
             };
-            renderer = Renderer::new(m.clone(), opts).map_err(|e| format!("{id}: renderer: {e}"))?;
-            renderer.prompter().ok_or_else(|| format!("{id}: no template"))?
+            renderer =
+                Renderer::new(m.clone(), opts).map_err(|e| format!("{id}: renderer: {e}"))?;
+            renderer
+                .prompter()
+                .ok_or_else(|| format!("{id}: no template"))?
         }
         None => {
             // Template-only family: the special tokens are whatever the reference passed.
-            let ctx = case["template_context"].as_object().cloned().unwrap_or_default();
+            let ctx = case["template_context"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
             let kw = req.chat_template_kwargs.clone().unwrap_or_default();
             let specials: Map<String, Value> = ctx
                 .into_iter()
-                .filter(|(k, _)| !["messages", "tools", "documents", "add_generation_prompt"].contains(&k.as_str()) && !kw.contains_key(k))
+                .filter(|(k, _)| {
+                    !["messages", "tools", "documents", "add_generation_prompt"]
+                        .contains(&k.as_str())
+                        && !kw.contains_key(k)
+                })
                 .collect();
             prompter_owned = ChatPrompter::new(
                 &template.ok_or_else(|| format!("{id}: template-only case without template"))?,
@@ -95,12 +115,21 @@ fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
         }
     };
     if prompter.content_format() != expected_format {
-        return Err(format!("{id}: content format detected {:?}, golden {:?}", prompter.content_format(), expected_format));
+        return Err(format!(
+            "{id}: content format detected {:?}, golden {:?}",
+            prompter.content_format(),
+            expected_format
+        ));
     }
     let rendered = prompter.render(&req);
     match (rendered, expects_error) {
         (Err(_), true) => return Ok(()),
-        (Ok(r), true) => return Err(format!("{id}: expected error {}, got prompt {:?}", case["error"], r.prompt)),
+        (Ok(r), true) => {
+            return Err(format!(
+                "{id}: expected error {}, got prompt {:?}",
+                case["error"], r.prompt
+            ))
+        }
         (Err(e), false) => return Err(format!("{id}: unexpected error: {e}")),
         (Ok(r), false) => {
             let want = case["prompt"].as_str().unwrap_or_default();
@@ -116,11 +145,22 @@ fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
         }
     }
     if let Some(m) = model {
-        let want = case.get("prompt_token_ids_tokenizers_lib").unwrap_or(&case["prompt_token_ids"]);
-        let want: Vec<u32> = serde_json::from_value(want.clone()).map_err(|e| format!("{id}: ids: {e}"))?;
-        let ids = m.tokenizer.encode(case["prompt"].as_str().unwrap_or_default(), req.add_special_tokens).map_err(|e| e.to_string())?;
+        let want = case
+            .get("prompt_token_ids_tokenizers_lib")
+            .unwrap_or(&case["prompt_token_ids"]);
+        let want: Vec<u32> =
+            serde_json::from_value(want.clone()).map_err(|e| format!("{id}: ids: {e}"))?;
+        let ids = m
+            .tokenizer
+            .encode(
+                case["prompt"].as_str().unwrap_or_default(),
+                req.add_special_tokens,
+            )
+            .map_err(|e| e.to_string())?;
         if ids != want {
-            return Err(format!("{id}: token ids differ\n  got:  {ids:?}\n  want: {want:?}"));
+            return Err(format!(
+                "{id}: token ids differ\n  got:  {ids:?}\n  want: {want:?}"
+            ));
         }
         // The full render path gives the same ids.
         let opts = RenderOptions {
@@ -131,7 +171,9 @@ fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
             ..RenderOptions::default()
         };
         let r = Renderer::new(m.clone(), opts).map_err(|e| e.to_string())?;
-        let g = r.render_chat(&req).map_err(|e| format!("{id}: render_chat: {e}"))?;
+        let g = r
+            .render_chat(&req)
+            .map_err(|e| format!("{id}: render_chat: {e}"))?;
         if g.token_ids != want {
             return Err(format!("{id}: render_chat ids differ"));
         }
@@ -141,9 +183,13 @@ fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
 
 fn check_completion(case: &Value, model: &Arc<Model>) -> Result<(), String> {
     let id = case["id"].as_str().unwrap_or("?");
-    let req: CompletionRequest = serde_json::from_value(case["request"].clone()).map_err(|e| format!("{id}: request: {e}"))?;
-    let want = case.get("prompt_token_ids_tokenizers_lib").unwrap_or(&case["prompt_token_ids"]);
-    let want: Vec<u32> = serde_json::from_value(want.clone()).map_err(|e| format!("{id}: ids: {e}"))?;
+    let req: CompletionRequest = serde_json::from_value(case["request"].clone())
+        .map_err(|e| format!("{id}: request: {e}"))?;
+    let want = case
+        .get("prompt_token_ids_tokenizers_lib")
+        .unwrap_or(&case["prompt_token_ids"]);
+    let want: Vec<u32> =
+        serde_json::from_value(want.clone()).map_err(|e| format!("{id}: ids: {e}"))?;
     let r = Renderer::new(
         model.clone(),
         RenderOptions {
@@ -155,7 +201,10 @@ fn check_completion(case: &Value, model: &Arc<Model>) -> Result<(), String> {
     if want.is_empty() {
         // The tokenizer gives nothing; the renderer must refuse (vLLM: no empty prompts).
         let prompt = case["request"]["prompt"].as_str().unwrap_or_default();
-        let ids = model.tokenizer.encode(prompt, req.add_special_tokens).map_err(|e| e.to_string())?;
+        let ids = model
+            .tokenizer
+            .encode(prompt, req.add_special_tokens)
+            .map_err(|e| e.to_string())?;
         if !ids.is_empty() {
             return Err(format!("{id}: expected no ids, got {ids:?}"));
         }
@@ -164,10 +213,14 @@ fn check_completion(case: &Value, model: &Arc<Model>) -> Result<(), String> {
             Ok(_) => Err(format!("{id}: empty prompt rendered")),
         };
     }
-    let out = r.render_completion(&req).map_err(|e| format!("{id}: {e}"))?;
+    let out = r
+        .render_completion(&req)
+        .map_err(|e| format!("{id}: {e}"))?;
     let got = &out.first().ok_or("no output")?.token_ids;
     if *got != want {
-        return Err(format!("{id}: completion ids differ\n  got:  {got:?}\n  want: {want:?}"));
+        return Err(format!(
+            "{id}: completion ids differ\n  got:  {got:?}\n  want: {want:?}"
+        ));
     }
     Ok(())
 }
@@ -175,7 +228,11 @@ fn check_completion(case: &Value, model: &Arc<Model>) -> Result<(), String> {
 #[test]
 fn render_parity_all_families() {
     let dir = common::testdata("render");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("testdata/render").filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("testdata/render")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .collect();
     files.sort();
     let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
     let mut models: BTreeMap<String, Arc<Model>> = BTreeMap::new();
@@ -185,11 +242,16 @@ fn render_parity_all_families() {
             let case: Value = serde_json::from_str(line).expect("golden json");
             let family = case["family"].as_str().unwrap_or("?").to_owned();
             let model = case["tokenizer"].as_str().map(|t| {
-                models.entry(t.to_owned()).or_insert_with(|| Arc::new(load_model(t))).clone()
+                models
+                    .entry(t.to_owned())
+                    .or_insert_with(|| Arc::new(load_model(t)))
+                    .clone()
             });
             let result = match case["kind"].as_str() {
                 Some("chat") => check_chat(&case, model.as_ref()),
-                Some("completion") => check_completion(&case, model.as_ref().expect("completion needs a tokenizer")),
+                Some("completion") => {
+                    check_completion(&case, model.as_ref().expect("completion needs a tokenizer"))
+                }
                 other => Err(format!("unknown kind {other:?}")),
             };
             let t = tallies.entry(family).or_default();

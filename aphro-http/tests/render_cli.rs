@@ -13,20 +13,33 @@ fn assets_dir() -> PathBuf {
 
 fn asset(rel: &str) -> PathBuf {
     let p = assets_dir().join(rel);
-    assert!(p.exists(), "test asset {} is missing: run `python3 scripts/fetch_assets.py`", p.display());
+    assert!(
+        p.exists(),
+        "test asset {} is missing: run `python3 scripts/fetch_assets.py`",
+        p.display()
+    );
     p
 }
 
 /// Runs `aphro render` with `args`, feeding `stdin`; returns (exit ok, stdout, stderr).
 fn aphro(args: &[&str], stdin: &str, envs: &[(&str, &Path)]) -> (bool, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aphro"));
-    cmd.arg("render").args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.arg("render")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, v) in envs {
         cmd.env(k, v);
     }
     cmd.env("HF_HUB_OFFLINE", "1");
     let mut child = cmd.spawn().expect("spawn aphro");
-    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
     let out = child.wait_with_output().expect("wait");
     (
         out.status.success(),
@@ -46,7 +59,9 @@ fn render_on_a_tokenizer_dir() {
     assert_eq!(v["request_id"], "chatcmpl-abc");
     assert_eq!(
         v["token_ids"],
-        serde_json::json!([151644, 872, 198, 9707, 0, 2585, 525, 498, 30, 151645, 198, 151644, 77091, 198])
+        serde_json::json!([
+            151644, 872, 198, 9707, 0, 2585, 525, 498, 30, 151645, 198, 151644, 77091, 198
+        ])
     );
     assert_eq!(v["sampling_params"]["max_tokens"], 8);
     assert_eq!(v["sampling_params"]["output_kind"], 2);
@@ -64,9 +79,16 @@ fn render_on_a_tokenizer_dir() {
 
     // --jsonl: one line per request, errors inline, non-zero exit if any failed.
     let batch = format!("{CHAT}\n{{\"prompt\":[\"a\",\"b\"],\"request_id\":\"x\"}}\n{bad}\n");
-    let (ok, out, _) = aphro(&["--model", dir.to_str().expect("utf-8"), "--jsonl"], &batch, &[]);
+    let (ok, out, _) = aphro(
+        &["--model", dir.to_str().expect("utf-8"), "--jsonl"],
+        &batch,
+        &[],
+    );
     assert!(!ok);
-    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
     assert_eq!(lines.len(), 3);
     assert_eq!(lines[1][0]["request_id"], "cmpl-x-0");
     assert_eq!(lines[1][1]["request_id"], "cmpl-x-1");
@@ -81,7 +103,11 @@ fn render_on_the_smollm2_gguf() {
     assert!(ok, "stderr: {err}");
     let v: Value = serde_json::from_str(&out).expect("json");
     // Same ids as the smollm2/single_user golden.
-    let golden = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/render/smollm2.jsonl")).expect("golden");
+    let golden = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testdata/render/smollm2.jsonl"
+    ))
+    .expect("golden");
     let case: Value = golden
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).expect("json"))
@@ -102,8 +128,16 @@ fn render_on_a_cached_hub_id() {
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(asset(&format!("tokenizers/qwen3/{f}")), snap.join(f)).expect("copy");
     }
-    std::fs::write(snap.join("config.json"), r#"{"model_type":"qwen3","max_position_embeddings":64}"#).expect("config");
-    std::fs::write(snap.join("generation_config.json"), r#"{"temperature":0.6,"top_k":20,"top_p":0.95,"eos_token_id":[151645,151643]}"#).expect("gen");
+    std::fs::write(
+        snap.join("config.json"),
+        r#"{"model_type":"qwen3","max_position_embeddings":64}"#,
+    )
+    .expect("config");
+    std::fs::write(
+        snap.join("generation_config.json"),
+        r#"{"temperature":0.6,"top_k":20,"top_p":0.95,"eos_token_id":[151645,151643]}"#,
+    )
+    .expect("gen");
     let chat = r#"{"messages":[{"role":"user","content":"Hello! How are you?"}]}"#;
     let envs = [("HF_HUB_CACHE", cache.path())];
     let (ok, out, err) = aphro(&["--model", "acme/tiny-qwen"], chat, &envs);
@@ -111,16 +145,26 @@ fn render_on_a_cached_hub_id() {
     let v: Value = serde_json::from_str(&out).expect("json");
     let sp = &v["sampling_params"];
     assert_eq!(v["token_ids"].as_array().map(Vec::len), Some(14));
-    assert_eq!(sp["max_tokens"], 64 - 14, "fills the context from config.json");
+    assert_eq!(
+        sp["max_tokens"],
+        64 - 14,
+        "fills the context from config.json"
+    );
     assert_eq!(sp["temperature"], 0.6);
     assert_eq!(sp["top_k"], 20);
     assert_eq!(sp["stop_token_ids"], serde_json::json!([]));
 
     // Prompt longer than the context.
-    let long = format!(r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#, "word ".repeat(100));
+    let long = format!(
+        r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "word ".repeat(100)
+    );
     let (ok, out, _) = aphro(&["--model", "acme/tiny-qwen"], &long, &envs);
     assert!(!ok);
-    assert!(out.contains("exceeds model's maximum context length (64)"), "{out}");
+    assert!(
+        out.contains("exceeds model's maximum context length (64)"),
+        "{out}"
+    );
 
     // Not cached and offline: a clear error naming the id.
     let (ok, _, err) = aphro(&["--model", "acme/not-there"], chat, &envs);

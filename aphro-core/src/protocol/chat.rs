@@ -160,7 +160,11 @@ pub struct ChatMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// vLLM 0.33 name; `reasoning_content` is accepted on input and renamed (§2.5).
-    #[serde(default, alias = "reasoning_content", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        alias = "reasoning_content",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub reasoning: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,

@@ -156,7 +156,12 @@ impl SamplingParams {
         let mut seen = std::collections::HashSet::new();
         self.stop_token_ids.retain(|id| seen.insert(*id));
         if !self.stop.is_empty() && !self.include_stop_str_in_output {
-            let longest = self.stop.iter().map(|s| s.chars().count()).max().unwrap_or(0);
+            let longest = self
+                .stop
+                .iter()
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0);
             self.output_text_buffer_length = longest.saturating_sub(1) as i64;
         }
         if self.skip_reading_prefix_cache.is_none() {
@@ -191,7 +196,11 @@ impl SamplingParams {
 
     fn verify(&self) -> Result<()> {
         if self.n < 1 {
-            return Err(Error::invalid_param(format!("n must be at least 1, got {}.", self.n), "n", self.n));
+            return Err(Error::invalid_param(
+                format!("n must be at least 1, got {}.", self.n),
+                "n",
+                self.n,
+            ));
         }
         if self.n > 16384 {
             return Err(Error::invalid_param(
@@ -230,18 +239,29 @@ impl SamplingParams {
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             let v = py_float(self.top_p);
-            return Err(Error::invalid_param(format!("top_p must be in (0, 1], got {v}."), "top_p", v));
+            return Err(Error::invalid_param(
+                format!("top_p must be in (0, 1], got {v}."),
+                "top_p",
+                v,
+            ));
         }
         if self.top_k < -1 {
             return Err(Error::invalid_param(
-                format!("top_k must be 0 (disable), or at least 1, got {}.", self.top_k),
+                format!(
+                    "top_k must be 0 (disable), or at least 1, got {}.",
+                    self.top_k
+                ),
                 "top_k",
                 self.top_k,
             ));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             let v = py_float(self.min_p);
-            return Err(Error::invalid_param(format!("min_p must be in [0, 1], got {v}."), "min_p", v));
+            return Err(Error::invalid_param(
+                format!("min_p must be in [0, 1], got {v}."),
+                "min_p",
+                v,
+            ));
         }
         if let Some(mt) = self.max_tokens {
             if mt < 1 {
@@ -254,7 +274,10 @@ impl SamplingParams {
         }
         if self.min_tokens < 0 {
             return Err(Error::invalid_param(
-                format!("min_tokens must be greater than or equal to 0, got {}.", self.min_tokens),
+                format!(
+                    "min_tokens must be greater than or equal to 0, got {}.",
+                    self.min_tokens
+                ),
                 "min_tokens",
                 self.min_tokens,
             ));
@@ -271,7 +294,10 @@ impl SamplingParams {
                 ));
             }
         }
-        for (name, lp) in [("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)] {
+        for (name, lp) in [
+            ("logprobs", self.logprobs),
+            ("prompt_logprobs", self.prompt_logprobs),
+        ] {
             if let Some(v) = lp {
                 if v < -1 {
                     return Err(Error::invalid_param(
@@ -285,7 +311,10 @@ impl SamplingParams {
         if let Some(ids) = &self.logprob_token_ids {
             if ids.len() > 128 {
                 return Err(Error::invalid_param(
-                    format!("logprob_token_ids must have at most 128 ids, got {}.", ids.len()),
+                    format!(
+                        "logprob_token_ids must have at most 128 ids, got {}.",
+                        ids.len()
+                    ),
                     "logprob_token_ids",
                     ids.len(),
                 ));
@@ -301,7 +330,11 @@ impl SamplingParams {
             }
         }
         if self.stop.iter().any(String::is_empty) {
-            return Err(Error::invalid_param("stop cannot contain an empty string.", "stop", "''"));
+            return Err(Error::invalid_param(
+                "stop cannot contain an empty string.",
+                "stop",
+                "''",
+            ));
         }
         if !self.stop.is_empty() && !self.detokenize {
             return Err(Error::invalid_param(
@@ -311,7 +344,11 @@ impl SamplingParams {
             ));
         }
         if self.bad_words.iter().any(String::is_empty) {
-            return Err(Error::invalid_param("bad_words cannot contain an empty string.", "bad_words", "''"));
+            return Err(Error::invalid_param(
+                "bad_words cannot contain an empty string.",
+                "bad_words",
+                "''",
+            ));
         }
         if self.n > 1 && self.temperature < 1e-5 {
             return Err(Error::invalid_param(
@@ -322,10 +359,20 @@ impl SamplingParams {
         }
         if let Some(so) = &self.structured_outputs {
             if let Some(obj) = so.as_object() {
-                let n = ["json", "regex", "choice", "grammar", "json_object", "structural_tag"]
-                    .iter()
-                    .filter(|k| obj.get(**k).is_some_and(|v| !v.is_null() && v != &Value::Bool(false)))
-                    .count();
+                let n = [
+                    "json",
+                    "regex",
+                    "choice",
+                    "grammar",
+                    "json_object",
+                    "structural_tag",
+                ]
+                .iter()
+                .filter(|k| {
+                    obj.get(**k)
+                        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+                })
+                .count();
                 if n != 1 {
                     return Err(Error::bad_request(
                         "You must use exactly one kind of structured outputs constraint, \
@@ -409,7 +456,10 @@ impl SamplingParams {
             put("skip_clone", true.into());
         }
         if self.output_text_buffer_length != 0 {
-            put("output_text_buffer_length", self.output_text_buffer_length.into());
+            put(
+                "output_text_buffer_length",
+                self.output_text_buffer_length.into(),
+            );
         }
         if let Some(v) = self.stream_interval {
             put("stream_interval", v.into());
@@ -440,7 +490,10 @@ impl SamplingParams {
             put("watermarking", v.into());
         }
         if self.routed_experts_prompt_start != 0 {
-            put("routed_experts_prompt_start", self.routed_experts_prompt_start.into());
+            put(
+                "routed_experts_prompt_start",
+                self.routed_experts_prompt_start.into(),
+            );
         }
         if let Some(v) = &self.trace_decode_token_ids {
             put("trace_decode_token_ids", v.clone().into());

@@ -158,7 +158,8 @@ pub fn detect_content_format(source: &str) -> ContentFormat {
         }
         let tail = e[ident_end..].trim_start();
         tail.starts_with(".content")
-            && !tail[".content".len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            && !tail[".content".len()..]
+                .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
             || tail.starts_with("['content']")
             || tail.starts_with("[\"content\"]")
     };
@@ -215,7 +216,11 @@ fn block_tags(source: &str) -> Vec<String> {
     tags
 }
 
-fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+fn tojson_filter(
+    value: &Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
     let mut opts = json::DumpOptions::default();
     // Positional `indent` as in `x|tojson(2)`.
     let indent_val: Option<Value> = match args.first() {
@@ -240,7 +245,10 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> std::resul
         if !seps.is_none() {
             let parts: Vec<Value> = seps.try_iter()?.collect();
             if let [a, b] = parts.as_slice() {
-                opts.separators = Some((a.as_str().unwrap_or(",").to_owned(), b.as_str().unwrap_or(":").to_owned()));
+                opts.separators = Some((
+                    a.as_str().unwrap_or(",").to_owned(),
+                    b.as_str().unwrap_or(":").to_owned(),
+                ));
             }
         }
     }
@@ -262,25 +270,37 @@ impl ChatTemplate {
             out.write_str(&json::py_str(value))
                 .map_err(|e| minijinja::Error::new(ErrorKind::WriteFailure, e.to_string()))
         });
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                format!("{RAISE_PREFIX}{msg}"),
-            ))
-        });
-        env.add_function("strftime_now", move |fmt: String| -> std::result::Result<String, minijinja::Error> {
-            use std::fmt::Write as _;
-            let now = clock.now();
-            let mut s = String::new();
-            write!(s, "{}", now.format(&fmt)).map_err(|_| {
-                minijinja::Error::new(ErrorKind::InvalidOperation, format!("invalid strftime format {fmt:?}"))
-            })?;
-            Ok(s)
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{RAISE_PREFIX}{msg}"),
+                ))
+            },
+        );
+        env.add_function(
+            "strftime_now",
+            move |fmt: String| -> std::result::Result<String, minijinja::Error> {
+                use std::fmt::Write as _;
+                let now = clock.now();
+                let mut s = String::new();
+                write!(s, "{}", now.format(&fmt)).map_err(|_| {
+                    minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("invalid strftime format {fmt:?}"),
+                    )
+                })?;
+                Ok(s)
+            },
+        );
         env.add_filter("tojson", tojson_filter);
         // Jinja2: strings are sequences too.
         env.add_test("sequence", |v: &Value| {
-            matches!(v.kind(), minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::String)
+            matches!(
+                v.kind(),
+                minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::String
+            )
         });
         // Jinja2: `none is iterable` is false (minijinja iterates none as empty).
         env.add_test("iterable", |v: &Value| {
@@ -294,7 +314,9 @@ impl ChatTemplate {
         });
         env.add_template_owned(TEMPLATE_NAME, rewritten)
             .map_err(|e| template_error(&e))?;
-        let tmpl = env.get_template(TEMPLATE_NAME).map_err(|e| template_error(&e))?;
+        let tmpl = env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| template_error(&e))?;
         let variables = tmpl.undeclared_variables(false);
         Ok(Self {
             env,
@@ -321,8 +343,12 @@ impl ChatTemplate {
 
     /// Renders with the given context (an object of template variables).
     pub fn render(&self, ctx: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| template_error(&e))?;
-        tmpl.render(Value::from_serialize(ctx)).map_err(|e| template_error(&e))
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| template_error(&e))?;
+        tmpl.render(Value::from_serialize(ctx))
+            .map_err(|e| template_error(&e))
     }
 }
 
@@ -342,7 +368,8 @@ mod tests {
 
     #[test]
     fn python_semantics() {
-        let ctx = serde_json::json!({"x": {"b": [1, 2.5, "é<"], "a": null, "c": true}, "s": "  Hi  "});
+        let ctx =
+            serde_json::json!({"x": {"b": [1, 2.5, "é<"], "a": null, "c": true}, "s": "  Hi  "});
         assert_eq!(
             render("{{ x|tojson }}", ctx.clone()).expect("render"),
             r#"{"b": [1, 2.5, "é<"], "a": null, "c": true}"#
@@ -355,10 +382,22 @@ mod tests {
             render("{{ x.b[2]|tojson(ensure_ascii=True) }}", ctx.clone()).expect("render"),
             r#""\u00e9<""#
         );
-        assert_eq!(render("{{ x.a }} {{ x.c }} {{ x.b }}", ctx.clone()).expect("render"), "None True [1, 2.5, 'é<']");
-        assert_eq!(render("{{ s.strip() }}|{{ s[::-1] }}", ctx.clone()).expect("render"), "Hi|  iH  ");
-        assert_eq!(render("{{ strftime_now('%d %b %Y') }}", ctx.clone()).expect("render"), "15 Jul 2025");
-        assert_eq!(render("{{ s is sequence }}", ctx.clone()).expect("render"), "True");
+        assert_eq!(
+            render("{{ x.a }} {{ x.c }} {{ x.b }}", ctx.clone()).expect("render"),
+            "None True [1, 2.5, 'é<']"
+        );
+        assert_eq!(
+            render("{{ s.strip() }}|{{ s[::-1] }}", ctx.clone()).expect("render"),
+            "Hi|  iH  "
+        );
+        assert_eq!(
+            render("{{ strftime_now('%d %b %Y') }}", ctx.clone()).expect("render"),
+            "15 Jul 2025"
+        );
+        assert_eq!(
+            render("{{ s is sequence }}", ctx.clone()).expect("render"),
+            "True"
+        );
         assert_eq!(
             render("{% generation %}a{% endgeneration %}", ctx.clone()).expect("render"),
             "a"

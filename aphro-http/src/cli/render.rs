@@ -1,10 +1,10 @@
 //! `aphro render`: an offline renderer. Reads one request (chat if it has `messages`,
 //! completion if it has `prompt`) from a file or stdin and prints the render response; with
 //! `--jsonl` every input line is a request and every output line its response or error body.
+use anyhow::Context;
 use aphro_core::protocol::GenerateRequest;
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::{ContentFormat, Model, RenderOptions, Renderer};
-use anyhow::Context;
 use serde_json::Value;
 use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
@@ -37,7 +37,9 @@ pub struct Args {
 fn render_one(renderer: &Renderer, body: &Value) -> Result<Value, Value> {
     let to_json = |g: &GenerateRequest| serde_json::to_value(g).unwrap_or(Value::Null);
     let result = if body.get("messages").is_some() {
-        parse_chat_request(body).and_then(|r| renderer.render_chat(&r)).map(|g| to_json(&g))
+        parse_chat_request(body)
+            .and_then(|r| renderer.render_chat(&r))
+            .map(|g| to_json(&g))
     } else if body.get("prompt").is_some() || body.get("prompt_embeds").is_some() {
         parse_completion_request(body)
             .and_then(|r| renderer.render_completion(&r))
@@ -53,15 +55,21 @@ fn render_one(renderer: &Renderer, body: &Value) -> Result<Value, Value> {
 
 fn parse_body(text: &str) -> Result<Value, Value> {
     serde_json::from_str::<Value>(text).map_err(|e| {
-        aphro_core::Error::validation(format!("1 validation error:\n  JSON decode error: {e}"), Some("body"))
-            .to_envelope()
+        aphro_core::Error::validation(
+            format!("1 validation error:\n  JSON decode error: {e}"),
+            Some("body"),
+        )
+        .to_envelope()
     })
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let model = Model::load(&args.model).with_context(|| format!("loading model `{}`", args.model))?;
+    let model =
+        Model::load(&args.model).with_context(|| format!("loading model `{}`", args.model))?;
     let chat_template = match &args.chat_template {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
         None => None,
     };
     let content_format: ContentFormat = args.chat_template_content_format.parse()?;
@@ -77,10 +85,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut input = String::new();
     match &args.input {
         Some(p) => {
-            input = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            input =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
         }
         None => {
-            std::io::stdin().read_to_string(&mut input).context("reading stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut input)
+                .context("reading stdin")?;
         }
     }
     let stdout = std::io::stdout();
@@ -111,5 +122,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         writeln!(out, "{}", serde_json::to_string(&v)?)?;
     }
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
