@@ -3,6 +3,7 @@
 //! Entry points: [`model::Model::load`] (dir, `.gguf` or hub id), [`renderer::Renderer`]
 //! (`render_chat`, `render_completion`, `tokenize`, `detokenize`), [`error::Error::to_envelope`],
 //! [`detokenizer::IncrementalDetokenizer`], [`default_model::ensure_default_model`].
+pub mod bench_support;
 pub mod chat_prompt;
 pub mod default_model;
 pub mod detokenizer;

@@ -1,6 +1,9 @@
 //! The text ↔ token-id boundary: a thin wrapper over HF `tokenizers` with crate errors.
 use crate::error::{Error, Result};
 
+/// Token ids with the character span each covers.
+pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A loaded tokenizer. Cheap to share behind an `Arc`; encode/decode take `&self`.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -45,7 +48,7 @@ impl Tokenizer {
         &self,
         text: &str,
         add_special_tokens: bool,
-    ) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    ) -> Result<IdsWithOffsets> {
         self.inner
             .encode(text, add_special_tokens)
             .map(|e| (e.get_ids().to_vec(), e.get_offsets().to_vec()))

@@ -11,7 +11,7 @@ fn default_true() -> bool {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum TokenizeRequest {
-    Chat(TokenizeChatRequest),
+    Chat(Box<TokenizeChatRequest>),
     Completion(TokenizeCompletionRequest),
 }
 
