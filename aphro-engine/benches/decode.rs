@@ -30,6 +30,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(64);
+    if std::env::var_os("APHRO_BENCH_KERNELS").is_some() {
+        kernels(&path);
+        return;
+    }
     let block = 16;
     let t0 = Instant::now();
     let mut r = load_flex_runner(&ModelLoadConfig {
@@ -86,4 +90,35 @@ fn main() {
         prefill_len as f64 / best_prefill,
         decode_len as f64 / decode
     );
+}
+
+/// GEMV/GEMM throughput of one FFN matrix, quantized vs dequantized (GB/s of weights read).
+fn kernels(path: &std::path::Path) {
+    use aphro_engine::model::quant::{dense_matmul, QuantMatrix, QuantType};
+    let g = aphro_core::gguf::GgufFile::open(path).expect("gguf");
+    let info = g.tensor_info("blk.0.ffn_up.weight").expect("tensor");
+    let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
+    let q = QuantMatrix::new(QuantType::Q4_1, rows, cols, g.tensor_data(info).to_vec()).expect("q");
+    let w = q.dequantize();
+    for tokens in [1usize, 128] {
+        let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 13) as f32 * 0.01).collect();
+        let iters = if tokens == 1 { 2000 } else { 20 };
+        let t = Instant::now();
+        for _ in 0..iters {
+            std::hint::black_box(q.matmul(&x, tokens));
+        }
+        let tq = t.elapsed().as_secs_f64() / iters as f64;
+        let t = Instant::now();
+        for _ in 0..iters {
+            std::hint::black_box(dense_matmul(&w, rows, cols, &x, tokens));
+        }
+        let td = t.elapsed().as_secs_f64() / iters as f64;
+        println!(
+            "{rows}x{cols} tokens={tokens}: q4_1 {:.1} us ({:.1} GMAC/s), f32 {:.1} us ({:.1} GMAC/s)",
+            tq * 1e6,
+            (rows * cols * tokens) as f64 / tq / 1e9,
+            td * 1e6,
+            (rows * cols * tokens) as f64 / td / 1e9
+        );
+    }
 }

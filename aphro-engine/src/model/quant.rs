@@ -464,17 +464,145 @@ fn decoded_dot_generic(ty: QuantType, row: &[u8], qf: &[f32], x: &[f32], bsums: 
         + ((total[2] + total[6]) + (total[3] + total[7]))
 }
 
+/// AVX2+FMA kernels. `fused_dot` and `decoded_dot` run the same FMA chain on the same
+/// quant values, so prefill (decoded) and decode (fused) give bit-identical rows.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     #![allow(unsafe_code)]
     use super::QuantType;
+    use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-        super::dot_f32_generic(a, b)
+    /// f16 → f32 with the F16C instruction (the `half` crate re-detects it per call).
+    #[inline(always)]
+    unsafe fn f16_at(b: &[u8], i: usize) -> f32 {
+        let bits = u16::from_le_bytes([b[i], b[i + 1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): i + 32 <= n bounds every 8-lane load below.
+        while i + 32 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(pa.add(i + 8 * k));
+                let y = _mm256_loadu_ps(pb.add(i + 8 * k));
+                *a = _mm256_fmadd_ps(x, y, *a);
+            }
+            i += 32;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut total = hsum(s);
+        while i < n {
+            total += a[i] * b[i];
+            i += 1;
+        }
+        total
+    }
+
+    /// 32 quants of one block as four 8-lane f32 vectors (element order).
+    #[inline(always)]
+    unsafe fn unpack_block(ty: QuantType, b: &[u8]) -> [__m256; 4] {
+        match ty {
+            QuantType::Q8_0 => {
+                let p = b.as_ptr().add(2);
+                let mut out = [_mm256_setzero_ps(); 4];
+                for (k, o) in out.iter_mut().enumerate() {
+                    let v = _mm_loadl_epi64(p.add(8 * k) as *const __m128i);
+                    *o = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                }
+                out
+            }
+            _ => {
+                let off = if ty == QuantType::Q4_0 { 2 } else { 4 };
+                let q = _mm_loadu_si128(b.as_ptr().add(off) as *const __m128i);
+                let mask = _mm_set1_epi8(0x0F);
+                let lo = _mm_and_si128(q, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                [
+                    cvt(lo),
+                    cvt(_mm_srli_si128(lo, 8)),
+                    cvt(hi),
+                    cvt(_mm_srli_si128(hi, 8)),
+                ]
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn block_dot(q: [__m256; 4], xs: *const f32) -> __m256 {
+        let mut acc = _mm256_mul_ps(q[0], _mm256_loadu_ps(xs));
+        acc = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xs.add(8)), acc);
+        acc = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xs.add(16)), acc);
+        _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xs.add(24)), acc)
+    }
+
+    /// Shared tail of both kernels: scale each block's dot and add its offset term.
+    #[inline(always)]
+    unsafe fn finish(
+        ty: QuantType,
+        row: &[u8],
+        x: &[f32],
+        bsums: &[f32],
+        qf: Option<&[f32]>,
+    ) -> f32 {
+        let (_, bytes) = ty.block_layout();
+        let mut total = _mm256_setzero_ps();
+        let mut off = 0f32;
+        for (i, b) in row.chunks_exact(bytes).enumerate() {
+            if (i + 1) * 32 > x.len() {
+                break;
+            }
+            let d = f16_at(b, 0);
+            let q = match qf {
+                // Quants unpacked once per row by `unpack_quants` (prefill).
+                Some(qf) if qf.len() >= (i + 1) * 32 => {
+                    let p = qf.as_ptr().add(i * 32);
+                    [
+                        _mm256_loadu_ps(p),
+                        _mm256_loadu_ps(p.add(8)),
+                        _mm256_loadu_ps(p.add(16)),
+                        _mm256_loadu_ps(p.add(24)),
+                    ]
+                }
+                Some(_) => break,
+                None => unpack_block(ty, b),
+            };
+            let acc = block_dot(q, x.as_ptr().add(i * 32));
+            total = _mm256_fmadd_ps(acc, _mm256_set1_ps(d), total);
+            let bs = bsums.get(i).copied().unwrap_or(0.0);
+            off += match ty {
+                QuantType::Q4_0 => -8.0 * d * bs,
+                QuantType::Q4_1 => f16_at(b, 2) * bs,
+                _ => 0.0,
+            };
+        }
+        hsum(total) + off
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn fused_dot(ty: QuantType, row: &[u8], x: &[f32], bs: &[f32]) -> f32 {
+        if !ty.has_fused_kernel() {
+            return super::fused_dot_generic(ty, row, x, bs);
+        }
+        finish(ty, row, x, bs, None)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn decoded_dot(
         ty: QuantType,
         row: &[u8],
@@ -482,19 +610,18 @@ mod x86 {
         x: &[f32],
         bs: &[f32],
     ) -> f32 {
-        super::decoded_dot_generic(ty, row, qf, x, bs)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn fused_dot(ty: QuantType, row: &[u8], x: &[f32], bs: &[f32]) -> f32 {
-        super::fused_dot_generic(ty, row, x, bs)
+        finish(ty, row, x, bs, Some(qf))
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
 }
 
 /// `sum_i a[i] * b[i]` (same summation order on every path that runs on this machine).
@@ -502,7 +629,7 @@ fn has_avx2() -> bool {
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
         return unsafe { x86::dot_f32(a, b) };
     }
     dot_f32_generic(a, b)
@@ -512,7 +639,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 fn fused_dot(ty: QuantType, row: &[u8], x: &[f32], bs: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
         return unsafe { x86::fused_dot(ty, row, x, bs) };
     }
     fused_dot_generic(ty, row, x, bs)
@@ -522,7 +649,7 @@ fn fused_dot(ty: QuantType, row: &[u8], x: &[f32], bs: &[f32]) -> f32 {
 fn decoded_dot(ty: QuantType, row: &[u8], qf: &[f32], x: &[f32], bs: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time above).
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
         return unsafe { x86::decoded_dot(ty, row, qf, x, bs) };
     }
     decoded_dot_generic(ty, row, qf, x, bs)
