@@ -87,12 +87,50 @@ impl Default for ModelLoadConfig {
     }
 }
 
-/// Load the model's config and weights from `path` onto `device`.
+/// Resolve a model argument: an existing path as is, else an HF repo id (`org/name`) looked
+/// up in the local Hub cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`),
+/// newest snapshot first. Downloading is the CLI's job; this never touches the network.
+pub fn resolve_model_path(model: &Path) -> Result<PathBuf, ModelError> {
+    if model.exists() {
+        return Ok(model.to_path_buf());
+    }
+    let id = model.to_string_lossy();
+    let hub = std::env::var_os("HF_HUB_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HF_HOME").map(|h| PathBuf::from(h).join("hub")))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
+        });
+    if let (Some(hub), Some((org, name))) = (hub, id.split_once('/')) {
+        let snaps = hub.join(format!("models--{org}--{name}")).join("snapshots");
+        if let Ok(entries) = std::fs::read_dir(&snaps) {
+            let mut dirs: Vec<(std::time::SystemTime, PathBuf)> = entries
+                .filter_map(Result::ok)
+                .filter(|e| e.path().join("config.json").exists())
+                .map(|e| {
+                    let t = e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    (t, e.path())
+                })
+                .collect();
+            dirs.sort();
+            if let Some((_, p)) = dirs.pop() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(ModelError::UnknownFormat(model.to_path_buf()))
+}
+
+/// Load the model's config and weights from `path` (see [`resolve_model_path`]) onto `device`.
 pub fn load_model<B: EngineOps>(
     path: &Path,
     dtype: ModelDType,
     device: &B::Device,
 ) -> Result<Llama<B>, ModelError> {
+    let path = &resolve_model_path(path)?;
     if matches!(dtype, ModelDType::BFloat16 | ModelDType::Float16) {
         return Err(ModelError::Unsupported(format!(
             "--dtype {dtype:?} (use auto or float32)"
@@ -264,6 +302,25 @@ mod tests {
             assert_eq!(via_copy, last);
             assert!(r.copy_blocks(&[(0, 9999)]).is_err());
         }
+    }
+
+    /// An `org/name` id resolves to the newest snapshot in the Hub cache.
+    #[test]
+    fn hub_ids_resolve_to_cached_snapshots() {
+        let hub = tempfile::tempdir().expect("tempdir");
+        let snap = hub.path().join("models--acme--tiny/snapshots/abc123");
+        std::fs::create_dir_all(&snap).expect("mkdir");
+        tiny_model(&snap, "llama");
+        // No other test reads HF_HUB_CACHE, so setting it here cannot race.
+        std::env::set_var("HF_HUB_CACHE", hub.path());
+        assert_eq!(
+            resolve_model_path(Path::new("acme/tiny")).expect("resolves"),
+            snap
+        );
+        let model = load_model::<Flex>(Path::new("acme/tiny"), ModelDType::Auto, &FlexDevice)
+            .expect("loads from the cache");
+        assert_eq!(model.cfg.architecture, "llama");
+        assert!(resolve_model_path(Path::new("acme/missing")).is_err());
     }
 
     #[test]

@@ -139,7 +139,7 @@ pub mod reference {
             let v = expand(vc.clone().select(0, idx));
             let qs = q
                 .clone()
-                .slice([s.q_offset..s.q_offset + s.q_len])
+                .slice([s.q_offset..s.q_offset + s.q_len, 0..h * d])
                 .reshape([s.q_len, h, d])
                 .swap_dims(0, 1);
             let scores = qs.matmul(k.swap_dims(1, 2)).mul_scalar(shape.scale);
