@@ -1,0 +1,124 @@
+//! Prefill and batch-1 decode throughput of the model runner (no criterion: one model load,
+//! a few timed runs). `cargo bench -p aphro-engine --bench decode` (set `APHRO_ASSETS`;
+//! `APHRO_BENCH_DTYPE=float32` for the dequantized path, `RAYON_NUM_THREADS` for threads).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use aphro_engine::model::{load_flex_runner, ModelDType, ModelLoadConfig};
+use aphro_engine::runner::{BatchInput, LogitsWanted, ModelRunner, SeqInput};
+
+fn main() {
+    let assets = std::env::var_os("APHRO_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.assets")));
+    let path = assets.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} missing: run scripts/fetch_assets.py",
+        path.display()
+    );
+    let dtype = match std::env::var("APHRO_BENCH_DTYPE").as_deref() {
+        Ok("float32") => ModelDType::Float32,
+        _ => ModelDType::Auto,
+    };
+    let prefill_len: usize = std::env::var("APHRO_BENCH_PREFILL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    let decode_len: usize = std::env::var("APHRO_BENCH_DECODE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    if std::env::var_os("APHRO_BENCH_KERNELS").is_some() {
+        kernels(&path);
+        return;
+    }
+    let block = 16;
+    let t0 = Instant::now();
+    let mut r = load_flex_runner(&ModelLoadConfig {
+        model_path: path,
+        dtype,
+        cache_bytes: 64 << 20,
+        block_size: block,
+    })
+    .expect("model loads");
+    eprintln!(
+        "loaded ({dtype:?}) in {:.2}s, threads {}",
+        t0.elapsed().as_secs_f64(),
+        rayon::current_num_threads()
+    );
+    let table: Vec<u32> = (0..((prefill_len + decode_len).div_ceil(block)) as u32).collect();
+    let prompt: Vec<u32> = (0..prefill_len as u32)
+        .map(|i| 100 + (i * 37) % 40000)
+        .collect();
+    let run = |r: &mut dyn ModelRunner, toks: Vec<u32>, start: usize| {
+        r.execute(&BatchInput {
+            seqs: vec![SeqInput {
+                seq_id: 0,
+                token_ids: toks,
+                start_pos: start,
+                block_table: table.clone(),
+                logits: LogitsWanted::Last,
+            }],
+        })
+        .expect("step")
+        .remove(0)
+        .data
+    };
+    // Warm up.
+    run(&mut r, prompt[..8].to_vec(), 0);
+    let mut best_prefill = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        run(&mut r, prompt.clone(), 0);
+        best_prefill = best_prefill.min(t.elapsed().as_secs_f64());
+    }
+    let mut tok = 1u32;
+    let t = Instant::now();
+    for i in 0..decode_len {
+        let l = run(&mut r, vec![tok], prefill_len + i);
+        tok = l
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as u32;
+    }
+    let decode = t.elapsed().as_secs_f64();
+    println!(
+        "{{\"dtype\": \"{dtype:?}\", \"prefill_tokens\": {prefill_len}, \"prefill_tok_s\": {:.1}, \"decode_tokens\": {decode_len}, \"decode_tok_s\": {:.1}}}",
+        prefill_len as f64 / best_prefill,
+        decode_len as f64 / decode
+    );
+}
+
+/// GEMV/GEMM throughput of one FFN matrix, quantized vs dequantized (GB/s of weights read).
+fn kernels(path: &std::path::Path) {
+    use aphro_engine::model::quant::{dense_matmul, QuantMatrix, QuantType};
+    let g = aphro_core::gguf::GgufFile::open(path).expect("gguf");
+    let info = g.tensor_info("blk.0.ffn_up.weight").expect("tensor");
+    let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
+    let q = QuantMatrix::new(QuantType::Q4_1, rows, cols, g.tensor_data(info).to_vec()).expect("q");
+    let w = q.dequantize();
+    for tokens in [1usize, 128] {
+        let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 13) as f32 * 0.01).collect();
+        let iters = if tokens == 1 { 2000 } else { 20 };
+        let t = Instant::now();
+        for _ in 0..iters {
+            std::hint::black_box(q.matmul(&x, tokens));
+        }
+        let tq = t.elapsed().as_secs_f64() / iters as f64;
+        let t = Instant::now();
+        for _ in 0..iters {
+            std::hint::black_box(dense_matmul(&w, rows, cols, &x, tokens));
+        }
+        let td = t.elapsed().as_secs_f64() / iters as f64;
+        println!(
+            "{rows}x{cols} tokens={tokens}: q4_1 {:.1} us ({:.1} GMAC/s), f32 {:.1} us ({:.1} GMAC/s)",
+            tq * 1e6,
+            (rows * cols * tokens) as f64 / tq / 1e9,
+            td * 1e6,
+            (rows * cols * tokens) as f64 / td / 1e9
+        );
+    }
+}

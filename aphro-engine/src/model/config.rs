@@ -1,0 +1,258 @@
+//! Hyper-parameters of a Llama-family model, from GGUF metadata or an HF `config.json`.
+
+use aphro_core::gguf::GgufFile;
+
+use super::ModelError;
+
+/// The architectures whose forward pass [`super::llama`] implements.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    /// `llama`, `mistral`, `qwen2` or `qwen3`.
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f32,
+    /// Llama 3.x long-context frequency scaling, if any.
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    pub rms_norm_eps: f32,
+    pub max_position: usize,
+    pub tie_word_embeddings: bool,
+    /// Qwen2: biases on the Q/K/V projections.
+    pub qkv_bias: bool,
+    /// Qwen3: per-head RMSNorm on Q and K before RoPE.
+    pub qk_norm: bool,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// `rope_scaling: {"rope_type": "llama3", ...}` (Llama 3.1+).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position: f32,
+}
+
+fn arch_flags(arch: &str) -> Result<(bool, bool), ModelError> {
+    match arch {
+        "llama" | "mistral" => Ok((false, false)),
+        "qwen2" => Ok((true, false)),
+        "qwen3" => Ok((false, true)),
+        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+    }
+}
+
+impl LlamaConfig {
+    /// Whether llama.cpp's converter permuted the Q/K rows of this architecture (it does so
+    /// for `llama`/`mistral` so ggml can use interleaved RoPE pairs).
+    pub fn gguf_qk_permuted(&self) -> bool {
+        matches!(self.architecture.as_str(), "llama" | "mistral")
+    }
+
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
+        let arch = g.architecture()?.to_string();
+        let (qkv_bias, qk_norm) = arch_flags(&arch)?;
+        let int = |k: &str| -> Result<usize, ModelError> {
+            let v = g.arch_i64(k)?;
+            usize::try_from(v).map_err(|_| ModelError::Config(format!("{arch}.{k} = {v}")))
+        };
+        let hidden_size = int("embedding_length")?;
+        let num_heads = int("attention.head_count")?;
+        let num_kv_heads = int("attention.head_count_kv").unwrap_or(num_heads);
+        let head_dim = int("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
+        let vocab_size = match int("vocab_size") {
+            Ok(v) => v,
+            Err(_) => g.get_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let eos = g
+            .get_i64("tokenizer.ggml.eos_token_id")
+            .ok()
+            .and_then(|v| u32::try_from(v).ok());
+        let cfg = Self {
+            vocab_size,
+            hidden_size,
+            intermediate_size: int("feed_forward_length")?,
+            num_layers: int("block_count")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rope_theta: g
+                .get_f64(&format!("{arch}.rope.freq_base"))
+                .unwrap_or(10000.0) as f32,
+            rope_scaling: None,
+            rms_norm_eps: g
+                .get_f64(&format!("{arch}.attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5) as f32,
+            max_position: int("context_length").unwrap_or(4096),
+            tie_word_embeddings: g.tensor_info("output.weight").is_none(),
+            qkv_bias,
+            qk_norm,
+            eos_token_ids: eos.into_iter().collect(),
+            architecture: arch,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// From an HF `config.json` value.
+    pub fn from_hf_json(v: &serde_json::Value) -> Result<Self, ModelError> {
+        let archs: Vec<&str> = v
+            .get("architectures")
+            .and_then(|a| a.as_array())
+            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+            .unwrap_or_default();
+        let model_type = v.get("model_type").and_then(|s| s.as_str()).unwrap_or("");
+        let arch = match model_type {
+            "llama" | "mistral" | "qwen2" | "qwen3" => model_type.to_string(),
+            _ => {
+                return Err(ModelError::UnsupportedArchitecture(if archs.is_empty() {
+                    model_type.to_string()
+                } else {
+                    archs.join(",")
+                }))
+            }
+        };
+        let (qkv_bias, qk_norm) = arch_flags(&arch)?;
+        let int = |k: &str| -> Option<usize> { v.get(k)?.as_u64().map(|x| x as usize) };
+        let need =
+            |k: &str| int(k).ok_or_else(|| ModelError::Config(format!("config.json lacks {k}")));
+        let hidden_size = need("hidden_size")?;
+        let num_heads = need("num_attention_heads")?;
+        let num_kv_heads = int("num_key_value_heads").unwrap_or(num_heads);
+        let head_dim = int("head_dim").unwrap_or(hidden_size / num_heads.max(1));
+        let eos_token_ids = match v.get("eos_token_id") {
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect(),
+            Some(x) => x.as_u64().map(|x| x as u32).into_iter().collect(),
+            None => Vec::new(),
+        };
+        let rope_scaling = v.get("rope_scaling").and_then(|s| {
+            let ty = s
+                .get("rope_type")
+                .or_else(|| s.get("type"))
+                .and_then(|t| t.as_str())?;
+            if ty != "llama3" {
+                return None;
+            }
+            let f = |k: &str, d: f64| s.get(k).and_then(|x| x.as_f64()).unwrap_or(d) as f32;
+            Some(Llama3RopeScaling {
+                factor: f("factor", 8.0),
+                low_freq_factor: f("low_freq_factor", 1.0),
+                high_freq_factor: f("high_freq_factor", 4.0),
+                original_max_position: f("original_max_position_embeddings", 8192.0),
+            })
+        });
+        let cfg = Self {
+            vocab_size: need("vocab_size")?,
+            hidden_size,
+            intermediate_size: need("intermediate_size")?,
+            num_layers: need("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rope_theta: v
+                .get("rope_theta")
+                .and_then(|x| x.as_f64())
+                .unwrap_or(10000.0) as f32,
+            rope_scaling,
+            rms_norm_eps: v
+                .get("rms_norm_eps")
+                .and_then(|x| x.as_f64())
+                .unwrap_or(1e-6) as f32,
+            max_position: int("max_position_embeddings").unwrap_or(4096),
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(false),
+            qkv_bias: qkv_bias
+                || v.get("attention_bias")
+                    .and_then(|x| x.as_bool())
+                    .unwrap_or(false),
+            qk_norm,
+            eos_token_ids,
+            architecture: arch,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::Config(m));
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        {
+            return bad(format!(
+                "{} heads is not a multiple of {} KV heads",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            return bad(format!("head_dim {} must be even", self.head_dim));
+        }
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.num_layers == 0 {
+            return bad("zero-sized model dimension".into());
+        }
+        Ok(())
+    }
+
+    /// RoPE inverse frequencies, computed in f32 like HF (`1 / theta^(2i/d)`), with Llama 3
+    /// scaling applied when configured.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let d = self.head_dim;
+        (0..d / 2)
+            .map(|i| {
+                let f = 1.0f32 / self.rope_theta.powf((2 * i) as f32 / d as f32);
+                match self.rope_scaling {
+                    None => f,
+                    Some(s) => {
+                        let low_wl = s.original_max_position / s.low_freq_factor;
+                        let high_wl = s.original_max_position / s.high_freq_factor;
+                        let wl = 2.0 * std::f32::consts::PI / f;
+                        if wl < high_wl {
+                            f
+                        } else if wl > low_wl {
+                            f / s.factor
+                        } else {
+                            let smooth = (s.original_max_position / wl - s.low_freq_factor)
+                                / (s.high_freq_factor - s.low_freq_factor);
+                            (1.0 - smooth) * f / s.factor + smooth * f
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let v = serde_json::json!({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]});
+        let e = LlamaConfig::from_hf_json(&v).expect_err("gpt2 is unsupported");
+        assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
+    }
+
+    #[test]
+    fn qwen2_config_has_bias() {
+        let v = serde_json::json!({
+            "model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2,
+            "vocab_size": 100, "eos_token_id": [5, 6], "tie_word_embeddings": true
+        });
+        let c = LlamaConfig::from_hf_json(&v).expect("valid");
+        assert!(c.qkv_bias && !c.qk_norm && c.tie_word_embeddings);
+        assert_eq!((c.head_dim, c.eos_token_ids.clone()), (16, vec![5, 6]));
+    }
+}

@@ -1,0 +1,360 @@
+//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3), generic over the
+//! backend. Activations are token-major `[tokens, features]` for the whole step: every
+//! sequence's tokens go through the matmuls together; attention splits them again.
+
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+
+use super::config::LlamaConfig;
+use super::ops::{AttnSeq, AttnShape, EngineOps};
+use super::quant::QuantMatrix;
+use super::weights::{HostTensor, WeightSource};
+use super::ModelError;
+
+fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+fn unwrap<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// A `[out, in]` projection, dense or block-quantized.
+#[derive(Clone)]
+pub enum Linear<B: Backend> {
+    Dense {
+        w: FloatTensor<B>,
+        rows: usize,
+        cols: usize,
+    },
+    Quant(Arc<QuantMatrix>),
+}
+
+impl<B: EngineOps> Linear<B> {
+    fn rows(&self) -> usize {
+        match self {
+            Linear::Dense { rows, .. } => *rows,
+            Linear::Quant(q) => q.rows,
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            Linear::Dense { w, .. } => wrap(B::dense_matmul(unwrap(x), w)),
+            Linear::Quant(q) => wrap(B::quantized_matmul(unwrap(x), q)),
+        }
+    }
+
+    /// Rows `ids` as f32 (the embedding lookup).
+    fn rows_of(&self, ids: &[u32], device: &B::Device) -> Tensor<B, 2> {
+        match self {
+            Linear::Dense { w, .. } => {
+                let idx: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+                let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [ids.len()]), device);
+                wrap::<B, 2>(w.clone()).select(0, idx)
+            }
+            Linear::Quant(q) => {
+                let mut out = vec![0f32; ids.len() * q.cols];
+                for (o, &id) in out.chunks_mut(q.cols).zip(ids) {
+                    q.dequantize_row(id as usize, o);
+                }
+                Tensor::from_data(TensorData::new(out, [ids.len(), q.cols]), device)
+            }
+        }
+    }
+}
+
+pub struct Layer<B: Backend> {
+    attn_norm: Tensor<B, 1>,
+    q: Linear<B>,
+    k: Linear<B>,
+    v: Linear<B>,
+    o: Linear<B>,
+    q_bias: Option<Tensor<B, 1>>,
+    k_bias: Option<Tensor<B, 1>>,
+    v_bias: Option<Tensor<B, 1>>,
+    q_norm: Option<Tensor<B, 1>>,
+    k_norm: Option<Tensor<B, 1>>,
+    ffn_norm: Tensor<B, 1>,
+    gate: Linear<B>,
+    up: Linear<B>,
+    down: Linear<B>,
+}
+
+/// Per-step inputs the model needs besides the tokens.
+pub struct StepPlan<'a> {
+    pub token_ids: &'a [u32],
+    pub positions: &'a [usize],
+    /// Cache row (`block * block_size + offset`) of each token.
+    pub slots: &'a [usize],
+    pub seqs: &'a [AttnSeq<'a>],
+    /// Rows of the step whose logits are wanted.
+    pub logit_rows: &'a [usize],
+}
+
+/// Residual-stream snapshots of one row (for parity debugging): `embed`, `layer.N`, `final_norm`.
+pub type HiddenTrace = Vec<(String, Vec<f32>)>;
+
+pub struct Llama<B: Backend> {
+    pub cfg: LlamaConfig,
+    embed: Linear<B>,
+    layers: Vec<Layer<B>>,
+    norm: Tensor<B, 1>,
+    lm_head: Linear<B>,
+    inv_freq: Vec<f32>,
+    device: B::Device,
+}
+
+struct Loader<'a, B: Backend> {
+    src: &'a dyn WeightSource,
+    keep_quant: bool,
+    device: &'a B::Device,
+}
+
+impl<B: EngineOps> Loader<'_, B> {
+    fn host(&self, name: &str, keep_quant: bool) -> Result<HostTensor, ModelError> {
+        self.src
+            .get(name, keep_quant)?
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+    }
+
+    fn check(name: &str, got: &[usize], want: &[usize]) -> Result<(), ModelError> {
+        if got != want {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: want.to_vec(),
+                got: got.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Tensor<B, 1>, ModelError> {
+        let (shape, data) = self.host(name, false)?.into_f32();
+        Self::check(name, &shape, &[len])?;
+        Ok(Tensor::from_data(TensorData::new(data, [len]), self.device))
+    }
+
+    fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Tensor<B, 1>>, ModelError> {
+        match self.src.get(name, false)? {
+            None => Ok(None),
+            Some(_) => self.vector(name, len).map(Some),
+        }
+    }
+
+    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear<B>, ModelError> {
+        let t = self.host(name, self.keep_quant)?;
+        Self::check(name, &t.shape(), &[rows, cols])?;
+        Ok(match t {
+            HostTensor::Quant(q) => Linear::Quant(Arc::new(q)),
+            HostTensor::F32 { data, .. } => Linear::Dense {
+                w: unwrap(Tensor::<B, 2>::from_data(
+                    TensorData::new(data, [rows, cols]),
+                    self.device,
+                )),
+                rows,
+                cols,
+            },
+        })
+    }
+}
+
+impl<B: EngineOps> Llama<B> {
+    /// Build the model from a weight source; `keep_quant` keeps block-quantized matrices
+    /// quantized (the `--dtype auto` path), otherwise everything is dequantized to f32.
+    pub fn load(
+        cfg: LlamaConfig,
+        src: &dyn WeightSource,
+        keep_quant: bool,
+        device: &B::Device,
+    ) -> Result<Self, ModelError> {
+        let ld = Loader::<B> {
+            src,
+            keep_quant,
+            device,
+        };
+        let (dm, ff, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+        let (qd, kvd) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        let embed = ld.linear("model.embed_tokens.weight", cfg.vocab_size, dm)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let p = |s: &str| format!("model.layers.{i}.{s}");
+            let bias = |s: &str, n| -> Result<Option<Tensor<B, 1>>, ModelError> {
+                if cfg.qkv_bias {
+                    ld.vector(&p(s), n).map(Some)
+                } else {
+                    ld.opt_vector(&p(s), n)
+                }
+            };
+            let norm = |s: &str| -> Result<Option<Tensor<B, 1>>, ModelError> {
+                if cfg.qk_norm {
+                    ld.vector(&p(s), d).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(Layer {
+                attn_norm: ld.vector(&p("input_layernorm.weight"), dm)?,
+                q: ld.linear(&p("self_attn.q_proj.weight"), qd, dm)?,
+                k: ld.linear(&p("self_attn.k_proj.weight"), kvd, dm)?,
+                v: ld.linear(&p("self_attn.v_proj.weight"), kvd, dm)?,
+                o: ld.linear(&p("self_attn.o_proj.weight"), dm, qd)?,
+                q_bias: bias("self_attn.q_proj.bias", qd)?,
+                k_bias: bias("self_attn.k_proj.bias", kvd)?,
+                v_bias: bias("self_attn.v_proj.bias", kvd)?,
+                q_norm: norm("self_attn.q_norm.weight")?,
+                k_norm: norm("self_attn.k_norm.weight")?,
+                ffn_norm: ld.vector(&p("post_attention_layernorm.weight"), dm)?,
+                gate: ld.linear(&p("mlp.gate_proj.weight"), ff, dm)?,
+                up: ld.linear(&p("mlp.up_proj.weight"), ff, dm)?,
+                down: ld.linear(&p("mlp.down_proj.weight"), dm, ff)?,
+            });
+        }
+        let norm = ld.vector("model.norm.weight", dm)?;
+        let lm_head = if cfg.tie_word_embeddings || src.get("lm_head.weight", false)?.is_none() {
+            embed.clone()
+        } else {
+            ld.linear("lm_head.weight", cfg.vocab_size, dm)?
+        };
+        Ok(Self {
+            inv_freq: cfg.inv_freq(),
+            cfg,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            device: device.clone(),
+        })
+    }
+
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    fn rms_norm<const D: usize>(&self, x: Tensor<B, D>, w: &Tensor<B, 1>) -> Tensor<B, D> {
+        let var = x.clone().powi_scalar(2).mean_dim(D - 1);
+        let inv = var.add_scalar(self.cfg.rms_norm_eps).sqrt().recip();
+        x.mul(inv).mul(w.clone().unsqueeze())
+    }
+
+    /// HF `rotate_half` RoPE on `[tokens, heads * head_dim]`.
+    fn rope(
+        &self,
+        x: Tensor<B, 2>,
+        heads: usize,
+        cos: &Tensor<B, 3>,
+        sin: &Tensor<B, 3>,
+    ) -> Tensor<B, 2> {
+        let [t, _] = x.dims();
+        let d = self.cfg.head_dim;
+        let x = x.reshape([t, heads, d]);
+        let x1 = x.clone().slice([0..t, 0..heads, 0..d / 2]);
+        let x2 = x.clone().slice([0..t, 0..heads, d / 2..d]);
+        let rot = Tensor::cat(vec![x2.neg(), x1], 2);
+        (x.mul(cos.clone()) + rot.mul(sin.clone())).reshape([t, heads * d])
+    }
+
+    /// Run one step. `k_cache`/`v_cache` hold one tensor per layer and are updated in place.
+    pub fn forward(
+        &self,
+        plan: &StepPlan<'_>,
+        k_cache: &mut [Option<FloatTensor<B>>],
+        v_cache: &mut [Option<FloatTensor<B>>],
+        block_size: usize,
+        mut trace: Option<&mut HiddenTrace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = &self.cfg;
+        let t = plan.token_ids.len();
+        let d = cfg.head_dim;
+        let (h, kvh) = (cfg.num_heads, cfg.num_kv_heads);
+        // cos/sin per token: [t, 1, d] with HF's cat(freqs, freqs) layout.
+        let mut cos = Vec::with_capacity(t * d);
+        let mut sin = Vec::with_capacity(t * d);
+        for &p in plan.positions {
+            for _ in 0..2 {
+                for &f in &self.inv_freq {
+                    let a = p as f32 * f;
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                }
+            }
+        }
+        let cos = Tensor::<B, 3>::from_data(TensorData::new(cos, [t, 1, d]), &self.device);
+        let sin = Tensor::<B, 3>::from_data(TensorData::new(sin, [t, 1, d]), &self.device);
+        let shape = AttnShape {
+            num_heads: h,
+            num_kv_heads: kvh,
+            head_dim: d,
+            block_size,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let snap = |x: &Tensor<B, 2>, name: String, trace: &mut Option<&mut HiddenTrace>| {
+            if let Some(tr) = trace.as_deref_mut() {
+                let dm = cfg.hidden_size;
+                let row = x.clone().slice([t - 1..t, 0..dm]).into_data();
+                tr.push((name, row.to_vec::<f32>().unwrap_or_default()));
+            }
+        };
+
+        let mut x = self.embed.rows_of(plan.token_ids, &self.device);
+        snap(&x, "embed".into(), &mut trace);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let hn = self.rms_norm(x.clone(), &layer.attn_norm);
+            let mut q = layer.q.forward(hn.clone());
+            let mut k = layer.k.forward(hn.clone());
+            let mut v = layer.v.forward(hn);
+            if let Some(b) = &layer.q_bias {
+                q = q + b.clone().unsqueeze();
+            }
+            if let Some(b) = &layer.k_bias {
+                k = k + b.clone().unsqueeze();
+            }
+            if let Some(b) = &layer.v_bias {
+                v = v + b.clone().unsqueeze();
+            }
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                q = self.rms_norm(q.reshape([t, h, d]), qn).reshape([t, h * d]);
+                k = self
+                    .rms_norm(k.reshape([t, kvh, d]), kn)
+                    .reshape([t, kvh * d]);
+            }
+            let q = self.rope(q, h, &cos, &sin);
+            let k = self.rope(k, kvh, &cos, &sin);
+            let kc = k_cache[l]
+                .take()
+                .ok_or_else(|| ModelError::Weights("KV cache missing".into()))?;
+            let vc = v_cache[l]
+                .take()
+                .ok_or_else(|| ModelError::Weights("KV cache missing".into()))?;
+            let kc = B::reshape_and_cache(kc, unwrap(k), plan.slots);
+            let vc = B::reshape_and_cache(vc, unwrap(v), plan.slots);
+            let attn: Tensor<B, 2> =
+                wrap(B::paged_attention(unwrap(q), &kc, &vc, plan.seqs, &shape));
+            k_cache[l] = Some(kc);
+            v_cache[l] = Some(vc);
+            x = x + layer.o.forward(attn);
+            let hn = self.rms_norm(x.clone(), &layer.ffn_norm);
+            let g = burn::tensor::activation::silu(layer.gate.forward(hn.clone()));
+            let u = layer.up.forward(hn);
+            x = x + layer.down.forward(g * u);
+            snap(&x, format!("layer.{l}"), &mut trace);
+        }
+        let x = self.rms_norm(x, &self.norm);
+        snap(&x, "final_norm".into(), &mut trace);
+        if plan.logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let idx: Vec<i64> = plan.logit_rows.iter().map(|&r| r as i64).collect();
+        let n = idx.len();
+        let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [n]), &self.device);
+        let logits = self.lm_head.forward(x.select(0, idx));
+        debug_assert_eq!(logits.dims()[1], self.lm_head.rows());
+        logits
+            .into_data()
+            .to_vec::<f32>()
+            .map_err(|e| ModelError::Weights(format!("reading logits: {e:?}")))
+    }
+}

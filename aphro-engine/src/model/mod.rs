@@ -1,0 +1,336 @@
+//! The model half of the engine: Llama-family weights (GGUF or safetensors), a burn forward
+//! pass generic over the backend, and a [`crate::runner::ModelRunner`] with paged K/V.
+
+pub mod config;
+pub mod llama;
+pub mod ops;
+pub mod quant;
+pub mod runner;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use aphro_core::gguf::{GgufError, GgufFile};
+use burn::backend::flex::{Flex, FlexDevice};
+
+pub use config::LlamaConfig;
+pub use llama::Llama;
+pub use ops::EngineOps;
+pub use runner::LlamaRunner;
+
+use crate::runner::ModelRunner;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported model architecture {0:?} (supported: llama, mistral, qwen2, qwen3)")]
+    UnsupportedArchitecture(String),
+    #[error("tensor {name} has type {ty}, which this engine cannot load")]
+    UnsupportedTensorType { name: String, ty: String },
+    #[error("weights lack tensor {0}")]
+    MissingTensor(String),
+    #[error("tensor {name} has shape {got:?}, expected {expected:?}")]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("bad model config: {0}")]
+    Config(String),
+    #[error("bad weights: {0}")]
+    Weights(String),
+    #[error("{0} is not supported yet")]
+    Unsupported(String),
+    #[error("a KV cache of {cache_bytes} bytes holds no block of {block_bytes} bytes")]
+    CacheTooSmall {
+        cache_bytes: usize,
+        block_bytes: usize,
+    },
+    #[error("{0} is neither a .gguf file nor a directory with config.json + safetensors")]
+    UnknownFormat(PathBuf),
+}
+
+/// Weight/compute precision requested by the user (`--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModelDType {
+    /// Keep a GGUF's block quantization in memory (fused kernels); f32 otherwise.
+    #[default]
+    Auto,
+    /// Dequantize everything to f32 (the exact-parity path).
+    Float32,
+    BFloat16,
+    Float16,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelLoadConfig {
+    /// A `.gguf` file or an HF model directory (`config.json` + `*.safetensors`).
+    pub model_path: PathBuf,
+    pub dtype: ModelDType,
+    /// Bytes for the paged K/V cache (all layers, K and V).
+    pub cache_bytes: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl Default for ModelLoadConfig {
+    fn default() -> Self {
+        Self {
+            model_path: PathBuf::new(),
+            dtype: ModelDType::Auto,
+            cache_bytes: 256 << 20,
+            block_size: 16,
+        }
+    }
+}
+
+/// Resolve a model argument: an existing path as is, else an HF repo id (`org/name`) looked
+/// up in the local Hub cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`),
+/// newest snapshot first. Downloading is the CLI's job; this never touches the network.
+pub fn resolve_model_path(model: &Path) -> Result<PathBuf, ModelError> {
+    if model.exists() {
+        return Ok(model.to_path_buf());
+    }
+    let id = model.to_string_lossy();
+    let hub = std::env::var_os("HF_HUB_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HF_HOME").map(|h| PathBuf::from(h).join("hub")))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
+        });
+    if let (Some(hub), Some((org, name))) = (hub, id.split_once('/')) {
+        let snaps = hub.join(format!("models--{org}--{name}")).join("snapshots");
+        if let Ok(entries) = std::fs::read_dir(&snaps) {
+            let mut dirs: Vec<(std::time::SystemTime, PathBuf)> = entries
+                .filter_map(Result::ok)
+                .filter(|e| e.path().join("config.json").exists())
+                .map(|e| {
+                    let t = e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    (t, e.path())
+                })
+                .collect();
+            dirs.sort();
+            if let Some((_, p)) = dirs.pop() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(ModelError::UnknownFormat(model.to_path_buf()))
+}
+
+/// Load the model's config and weights from `path` (see [`resolve_model_path`]) onto `device`.
+pub fn load_model<B: EngineOps>(
+    path: &Path,
+    dtype: ModelDType,
+    device: &B::Device,
+) -> Result<Llama<B>, ModelError> {
+    let path = &resolve_model_path(path)?;
+    if matches!(dtype, ModelDType::BFloat16 | ModelDType::Float16) {
+        return Err(ModelError::Unsupported(format!(
+            "--dtype {dtype:?} (use auto or float32)"
+        )));
+    }
+    let keep_quant = dtype == ModelDType::Auto;
+    if path.is_dir() {
+        let cfg_path = path.join("config.json");
+        let raw = std::fs::read(&cfg_path).map_err(|e| ModelError::Io(cfg_path.clone(), e))?;
+        let json: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", cfg_path.display())))?;
+        let cfg = LlamaConfig::from_hf_json(&json)?;
+        let src = weights::SafetensorsWeights::open_dir(path)?;
+        return Llama::load(cfg, &src, keep_quant, device);
+    }
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        || path.is_file()
+    {
+        let file = GgufFile::open(path)?;
+        let cfg = LlamaConfig::from_gguf(&file)?;
+        let src = weights::GgufWeights::new(file, cfg.clone());
+        return Llama::load(cfg, &src, keep_quant, device);
+    }
+    Err(ModelError::UnknownFormat(path.to_path_buf()))
+}
+
+/// Load a runner on the default CPU backend (`Flex`).
+pub fn load_runner(cfg: &ModelLoadConfig) -> Result<Box<dyn ModelRunner>, ModelError> {
+    Ok(Box::new(load_flex_runner(cfg)?))
+}
+
+/// [`load_runner`] with the concrete type (for tracing / benchmarks).
+pub fn load_flex_runner(cfg: &ModelLoadConfig) -> Result<LlamaRunner<Flex>, ModelError> {
+    let model = load_model::<Flex>(&cfg.model_path, cfg.dtype, &FlexDevice)?;
+    LlamaRunner::new(model, cfg.cache_bytes, cfg.block_size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::{BatchInput, LogitsWanted, SeqInput};
+
+    /// Write a random tiny model of `arch` as two safetensors shards plus an index.
+    fn tiny_model(dir: &Path, arch: &str) {
+        let (dm, h, kvh, d, ff, vocab, layers) =
+            (32usize, 4usize, 2usize, 8usize, 48usize, 64usize, 2usize);
+        let mut seed = 11u64;
+        let mut rnd = |n: usize, scale: f32| -> Vec<u8> {
+            (0..n)
+                .flat_map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let v = (((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale;
+                    v.to_le_bytes()
+                })
+                .collect()
+        };
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut add = |name: String, shape: Vec<usize>, scale: f32| {
+            let n = shape.iter().product();
+            tensors.push((name, shape, rnd(n, scale)));
+        };
+        add("model.embed_tokens.weight".into(), vec![vocab, dm], 1.0);
+        add("model.norm.weight".into(), vec![dm], 2.0);
+        for l in 0..layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            add(p("input_layernorm.weight"), vec![dm], 2.0);
+            add(p("post_attention_layernorm.weight"), vec![dm], 2.0);
+            add(p("self_attn.q_proj.weight"), vec![h * d, dm], 0.5);
+            add(p("self_attn.k_proj.weight"), vec![kvh * d, dm], 0.5);
+            add(p("self_attn.v_proj.weight"), vec![kvh * d, dm], 0.5);
+            add(p("self_attn.o_proj.weight"), vec![dm, h * d], 0.5);
+            add(p("mlp.gate_proj.weight"), vec![ff, dm], 0.5);
+            add(p("mlp.up_proj.weight"), vec![ff, dm], 0.5);
+            add(p("mlp.down_proj.weight"), vec![dm, ff], 0.5);
+            if arch == "qwen2" {
+                add(p("self_attn.q_proj.bias"), vec![h * d], 0.5);
+                add(p("self_attn.k_proj.bias"), vec![kvh * d], 0.5);
+                add(p("self_attn.v_proj.bias"), vec![kvh * d], 0.5);
+            }
+            if arch == "qwen3" {
+                add(p("self_attn.q_norm.weight"), vec![d], 2.0);
+                add(p("self_attn.k_norm.weight"), vec![d], 2.0);
+            }
+        }
+        let half = tensors.len() / 2;
+        let mut weight_map = serde_json::Map::new();
+        for (i, chunk) in [&tensors[..half], &tensors[half..]].iter().enumerate() {
+            let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+            let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = chunk
+                .iter()
+                .map(|(n, s, b)| {
+                    let v =
+                        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                            .expect("valid view");
+                    (n.clone(), v)
+                })
+                .collect();
+            for (n, _) in &views {
+                weight_map.insert(n.clone(), file.clone().into());
+            }
+            let bytes = safetensors::serialize(views, None).expect("serializes");
+            std::fs::write(dir.join(&file), bytes).expect("write shard");
+        }
+        let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("write");
+        let cfg = serde_json::json!({
+            "model_type": arch, "hidden_size": dm, "num_attention_heads": h,
+            "num_key_value_heads": kvh, "head_dim": d, "intermediate_size": ff,
+            "num_hidden_layers": layers, "vocab_size": vocab, "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
+            "tie_word_embeddings": true, "eos_token_id": 2
+        });
+        std::fs::write(dir.join("config.json"), cfg.to_string()).expect("write");
+    }
+
+    fn run(
+        r: &mut LlamaRunner<Flex>,
+        toks: &[u32],
+        start: usize,
+        table: &[u32],
+        want: LogitsWanted,
+    ) -> Vec<f32> {
+        let b = BatchInput {
+            seqs: vec![SeqInput {
+                seq_id: 3,
+                token_ids: toks.to_vec(),
+                start_pos: start,
+                block_table: table.to_vec(),
+                logits: want,
+            }],
+        };
+        r.execute(&b).expect("runs").remove(0).data
+    }
+
+    /// Whole-prompt prefill, chunked prefill, decode and copy-on-write copies agree.
+    #[test]
+    fn tiny_safetensors_models_are_self_consistent() {
+        for arch in ["llama", "qwen2", "qwen3"] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            tiny_model(dir.path(), arch);
+            let cfg = ModelLoadConfig {
+                model_path: dir.path().to_path_buf(),
+                dtype: ModelDType::Float32,
+                cache_bytes: 1 << 20,
+                block_size: 4,
+            };
+            let mut r = load_flex_runner(&cfg).expect("tiny model loads");
+            assert_eq!(r.info().architecture, arch);
+            let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 64).collect();
+            let t1 = [5u32, 9, 1];
+            let all = run(&mut r, &prompt, 0, &t1, LogitsWanted::All);
+            assert_eq!(all.len(), 11 * 64);
+            assert!(all.iter().all(|v| v.is_finite()));
+            // Chunked prefill into other blocks, then one decode step.
+            let t2 = [7u32, 2, 8];
+            run(&mut r, &prompt[..6], 0, &t2, LogitsWanted::None);
+            run(&mut r, &prompt[6..10], 6, &t2, LogitsWanted::None);
+            let last = run(&mut r, &prompt[10..], 10, &t2, LogitsWanted::Last);
+            for (a, b) in last.iter().zip(&all[10 * 64..]) {
+                assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "{arch}: {a} vs {b}");
+            }
+            // Copy the blocks of t2 elsewhere and decode through the copies.
+            r.copy_blocks(&[(7, 10), (2, 11), (8, 12)]).expect("copies");
+            let via_copy = run(&mut r, &prompt[10..], 10, &[10, 11, 12], LogitsWanted::Last);
+            assert_eq!(via_copy, last);
+            assert!(r.copy_blocks(&[(0, 9999)]).is_err());
+        }
+    }
+
+    /// An `org/name` id resolves to the newest snapshot in the Hub cache.
+    #[test]
+    fn hub_ids_resolve_to_cached_snapshots() {
+        let hub = tempfile::tempdir().expect("tempdir");
+        let snap = hub.path().join("models--acme--tiny/snapshots/abc123");
+        std::fs::create_dir_all(&snap).expect("mkdir");
+        tiny_model(&snap, "llama");
+        // No other test reads HF_HUB_CACHE, so setting it here cannot race.
+        std::env::set_var("HF_HUB_CACHE", hub.path());
+        assert_eq!(
+            resolve_model_path(Path::new("acme/tiny")).expect("resolves"),
+            snap
+        );
+        let model = load_model::<Flex>(Path::new("acme/tiny"), ModelDType::Auto, &FlexDevice)
+            .expect("loads from the cache");
+        assert_eq!(model.cfg.architecture, "llama");
+        assert!(resolve_model_path(Path::new("acme/missing")).is_err());
+    }
+
+    #[test]
+    fn unknown_format_and_architecture_are_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("config.json"), r#"{"model_type": "mamba"}"#)
+            .expect("write");
+        let e = load_model::<Flex>(dir.path(), ModelDType::Float32, &FlexDevice)
+            .err()
+            .expect("mamba is unsupported");
+        assert!(e.to_string().contains("mamba"), "{e}");
+    }
+}

@@ -1,0 +1,407 @@
+//! The hot ops of the engine behind a backend-extension trait.
+//!
+//! Every method has a default written in plain burn tensor ops (so any backend runs the
+//! model); `Flex` overrides them with CPU loops that read the paged cache and the quantized
+//! blocks in place. A CUDA backend adds its kernels by overriding the same methods.
+
+use burn::backend::flex::{Flex, FlexTensor};
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Bool, Int, Tensor, TensorData, TensorPrimitive};
+use rayon::prelude::*;
+
+use super::quant::{dense_matmul, QuantMatrix};
+
+/// One sequence's slice of a step, as attention sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnSeq<'a> {
+    /// First row of this sequence in the step's token-major `q`.
+    pub q_offset: usize,
+    pub q_len: usize,
+    /// Position of its first query token; keys cover positions `0..start_pos + q_len`.
+    pub start_pos: usize,
+    pub block_table: &'a [u32],
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub scale: f32,
+}
+
+impl AttnShape {
+    fn slot(&self, seq: &AttnSeq<'_>, pos: usize) -> usize {
+        seq.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+}
+
+fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+fn unwrap<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// Backend extension with the engine's fused ops. Cache tensors are
+/// `[num_blocks * block_size, num_kv_heads * head_dim]` (one row per slot); activations are
+/// token-major `[tokens, features]`. Callers guarantee indices are in range.
+pub trait EngineOps: Backend {
+    /// Write `new` (`[tokens, kv_dim]`) into rows `slots` of `cache`, returning the cache.
+    fn reshape_and_cache(
+        cache: FloatTensor<Self>,
+        new: FloatTensor<Self>,
+        slots: &[usize],
+    ) -> FloatTensor<Self> {
+        reference::reshape_and_cache::<Self>(cache, new, slots)
+    }
+
+    /// Causal attention of `q` (`[tokens, heads * head_dim]`) over each sequence's cached
+    /// keys/values, read through its block table. Returns `[tokens, heads * head_dim]`.
+    fn paged_attention(
+        q: FloatTensor<Self>,
+        k_cache: &FloatTensor<Self>,
+        v_cache: &FloatTensor<Self>,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+    ) -> FloatTensor<Self> {
+        reference::paged_attention::<Self>(q, k_cache, v_cache, seqs, shape)
+    }
+
+    /// `x W^T` for a block-quantized `W: [rows, cols]`; `x: [tokens, cols]` → `[tokens, rows]`.
+    /// The default dequantizes the whole matrix (correct, slow: override it).
+    fn quantized_matmul(x: FloatTensor<Self>, w: &QuantMatrix) -> FloatTensor<Self> {
+        reference::quantized_matmul::<Self>(x, w)
+    }
+
+    /// `x W^T` for a dense `W: [rows, cols]`.
+    fn dense_matmul(x: FloatTensor<Self>, w: &FloatTensor<Self>) -> FloatTensor<Self> {
+        reference::dense_matmul::<Self>(x, w)
+    }
+}
+
+/// The trait's defaults in plain burn tensor ops (public so overrides can be tested against them).
+pub mod reference {
+    use super::*;
+
+    pub fn reshape_and_cache<B: Backend>(
+        cache: FloatTensor<B>,
+        new: FloatTensor<B>,
+        slots: &[usize],
+    ) -> FloatTensor<B> {
+        // burn 0.21's float `select_assign` only supports `Add`, so write runs of
+        // consecutive slots with `slice_assign` (a prefill chunk is a few runs).
+        let mut cache: Tensor<B, 2> = wrap(cache);
+        let new: Tensor<B, 2> = wrap(new);
+        let [_, w] = new.dims();
+        let mut i = 0;
+        while i < slots.len() {
+            let mut j = i + 1;
+            while j < slots.len() && slots[j] == slots[j - 1] + 1 {
+                j += 1;
+            }
+            let rows = new.clone().slice([i..j, 0..w]);
+            cache = cache.slice_assign([slots[i]..slots[i] + (j - i), 0..w], rows);
+            i = j;
+        }
+        unwrap(cache)
+    }
+
+    pub fn paged_attention<B: Backend>(
+        q: FloatTensor<B>,
+        k_cache: &FloatTensor<B>,
+        v_cache: &FloatTensor<B>,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+    ) -> FloatTensor<B> {
+        let q: Tensor<B, 2> = wrap(q);
+        let device = q.device();
+        let kc: Tensor<B, 2> = wrap(k_cache.clone());
+        let vc: Tensor<B, 2> = wrap(v_cache.clone());
+        let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+        let group = h / kvh;
+        let mut outs = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let ctx = s.start_pos + s.q_len;
+            let idx: Vec<i64> = (0..ctx).map(|p| shape.slot(s, p) as i64).collect();
+            let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [ctx]), &device);
+            // [ctx, kvh*d] → [h, ctx, d] (each KV head repeated for its query group).
+            let expand = |t: Tensor<B, 2>| -> Tensor<B, 3> {
+                t.reshape([ctx, kvh, 1, d])
+                    .expand([ctx, kvh, group, d])
+                    .reshape([ctx, h, d])
+                    .swap_dims(0, 1)
+            };
+            let k = expand(kc.clone().select(0, idx.clone()));
+            let v = expand(vc.clone().select(0, idx));
+            let qs = q
+                .clone()
+                .slice([s.q_offset..s.q_offset + s.q_len, 0..h * d])
+                .reshape([s.q_len, h, d])
+                .swap_dims(0, 1);
+            let scores = qs.matmul(k.swap_dims(1, 2)).mul_scalar(shape.scale);
+            let mask: Vec<bool> = (0..s.q_len)
+                .flat_map(|i| (0..ctx).map(move |j| j > s.start_pos + i))
+                .collect();
+            let mask =
+                Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [s.q_len, ctx]), &device)
+                    .reshape([1, s.q_len, ctx])
+                    .expand([h, s.q_len, ctx]);
+            let p = burn::tensor::activation::softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 2);
+            outs.push(p.matmul(v).swap_dims(0, 1).reshape([s.q_len, h * d]));
+        }
+        unwrap(Tensor::cat(outs, 0))
+    }
+
+    pub fn quantized_matmul<B: Backend>(x: FloatTensor<B>, w: &QuantMatrix) -> FloatTensor<B> {
+        let x: Tensor<B, 2> = wrap(x);
+        let wt = Tensor::<B, 2>::from_data(
+            TensorData::new(w.dequantize(), [w.rows, w.cols]),
+            &x.device(),
+        );
+        unwrap(x.matmul(wt.transpose()))
+    }
+
+    pub fn dense_matmul<B: Backend>(x: FloatTensor<B>, w: &FloatTensor<B>) -> FloatTensor<B> {
+        let x: Tensor<B, 2> = wrap(x);
+        let w: Tensor<B, 2> = wrap(w.clone());
+        unwrap(x.matmul(w.transpose()))
+    }
+}
+
+/// A contiguous f32 view of a Flex tensor (copies only if it is a strided view).
+fn f32_data(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(
+            t.to_contiguous()
+                .as_slice::<f32>()
+                .map(<[f32]>::to_vec)
+                .unwrap_or_default(),
+        ),
+    }
+}
+
+fn flex_from(data: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(data, shape))
+}
+
+fn dims2(t: &FlexTensor) -> [usize; 2] {
+    use burn::tensor::TensorMetadata;
+    let s = t.shape();
+    [s[0], s[1]]
+}
+
+impl EngineOps for Flex {
+    fn reshape_and_cache(mut cache: FlexTensor, new: FlexTensor, slots: &[usize]) -> FlexTensor {
+        let [_, width] = dims2(&cache);
+        let new = f32_data(&new).into_owned();
+        if !cache.is_contiguous() {
+            cache = cache.to_contiguous();
+        }
+        // The runner holds the only reference, so this writes in place (no copy).
+        let dst = cache.storage_mut::<f32>();
+        for (row, &slot) in new.chunks_exact(width).zip(slots) {
+            dst[slot * width..(slot + 1) * width].copy_from_slice(row);
+        }
+        cache
+    }
+
+    fn paged_attention(
+        q: FlexTensor,
+        k_cache: &FlexTensor,
+        v_cache: &FlexTensor,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+    ) -> FlexTensor {
+        let [tokens, qdim] = dims2(&q);
+        let q = f32_data(&q);
+        let kc = f32_data(k_cache);
+        let vc = f32_data(v_cache);
+        let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+        let kv_w = kvh * d;
+        let group = h / kvh;
+        // One task per (token, head); each walks the block table directly (no gather).
+        let mut owner: Vec<Option<(usize, usize)>> = vec![None; tokens];
+        for (si, s) in seqs.iter().enumerate() {
+            for i in 0..s.q_len {
+                if let Some(o) = owner.get_mut(s.q_offset + i) {
+                    *o = Some((si, i));
+                }
+            }
+        }
+        let mut out = vec![0f32; tokens * qdim];
+        out.par_chunks_mut(d).enumerate().for_each(|(task, acc)| {
+            let (row, head) = (task / h, task % h);
+            let Some((si, i)) = owner[row] else {
+                return;
+            };
+            let s = &seqs[si];
+            let last = s.start_pos + i;
+            let kvh_i = head / group;
+            let qv = &q[row * qdim + head * d..row * qdim + (head + 1) * d];
+            let mut scores = Vec::with_capacity(last + 1);
+            let mut max = f32::NEG_INFINITY;
+            for p in 0..=last {
+                let off = shape.slot(s, p) * kv_w + kvh_i * d;
+                let sc = super::quant::dot_f32(qv, &kc[off..off + d]) * shape.scale;
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            let inv = 1.0 / sum;
+            for (p, &w) in scores.iter().enumerate() {
+                let off = shape.slot(s, p) * kv_w + kvh_i * d;
+                let w = w * inv;
+                for (a, &v) in acc.iter_mut().zip(&vc[off..off + d]) {
+                    *a += w * v;
+                }
+            }
+        });
+        flex_from(out, [tokens, qdim])
+    }
+
+    fn quantized_matmul(x: FlexTensor, w: &QuantMatrix) -> FlexTensor {
+        let [tokens, _] = dims2(&x);
+        let x = f32_data(&x);
+        flex_from(w.matmul(&x, tokens), [tokens, w.rows])
+    }
+
+    fn dense_matmul(x: FlexTensor, w: &FlexTensor) -> FlexTensor {
+        let [tokens, cols] = dims2(&x);
+        let [rows, _] = dims2(w);
+        let x = f32_data(&x);
+        let w = f32_data(w);
+        flex_from(dense_matmul(&w, rows, cols, &x, tokens), [tokens, rows])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::quant::QuantType;
+
+    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f32], tol: f32) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "[{i}] {x} vs {y}");
+        }
+    }
+
+    fn vec_of(t: FlexTensor) -> Vec<f32> {
+        t.into_data().to_vec::<f32>().unwrap_or_default()
+    }
+
+    #[test]
+    fn flex_reshape_and_cache_matches_reference() {
+        let mut seed = 1;
+        let cache = rand(8 * 6, &mut seed);
+        let new = rand(3 * 6, &mut seed);
+        let slots = [5, 0, 7];
+        let a = <Flex as EngineOps>::reshape_and_cache(
+            flex_from(cache.clone(), [8, 6]),
+            flex_from(new.clone(), [3, 6]),
+            &slots,
+        );
+        let b = reference::reshape_and_cache::<Flex>(
+            flex_from(cache, [8, 6]),
+            flex_from(new, [3, 6]),
+            &slots,
+        );
+        assert_eq!(vec_of(a), vec_of(b));
+    }
+
+    #[test]
+    fn flex_paged_attention_matches_reference() {
+        let mut seed = 2;
+        let shape = AttnShape {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            block_size: 4,
+            scale: 0.35,
+        };
+        let num_blocks = 10;
+        let kv_w = 2 * 8;
+        let kc = flex_from(
+            rand(num_blocks * 4 * kv_w, &mut seed),
+            [num_blocks * 4, kv_w],
+        );
+        let vc = flex_from(
+            rand(num_blocks * 4 * kv_w, &mut seed),
+            [num_blocks * 4, kv_w],
+        );
+        // A prefill chunk over cached blocks (non-contiguous table) plus a decode token.
+        let t1 = [7u32, 2, 9];
+        let t2 = [4u32, 1];
+        let seqs = [
+            AttnSeq {
+                q_offset: 0,
+                q_len: 5,
+                start_pos: 4,
+                block_table: &t1,
+            },
+            AttnSeq {
+                q_offset: 5,
+                q_len: 1,
+                start_pos: 6,
+                block_table: &t2,
+            },
+        ];
+        let q = rand(6 * 4 * 8, &mut seed);
+        let a = <Flex as EngineOps>::paged_attention(
+            flex_from(q.clone(), [6, 32]),
+            &kc,
+            &vc,
+            &seqs,
+            &shape,
+        );
+        let b = reference::paged_attention::<Flex>(flex_from(q, [6, 32]), &kc, &vc, &seqs, &shape);
+        close(&vec_of(a), &vec_of(b), 1e-5);
+    }
+
+    #[test]
+    fn flex_matmuls_match_reference() {
+        let mut seed = 3;
+        let (rows, cols) = (40, 64);
+        let mut bytes = Vec::new();
+        for _ in 0..rows * cols / 32 {
+            bytes.extend_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
+            bytes.extend_from_slice(&half::f16::from_f32(-0.1).to_le_bytes());
+            bytes.extend(
+                rand(16, &mut seed)
+                    .iter()
+                    .map(|v| ((v + 0.5) * 255.0) as u8),
+            );
+        }
+        let w = QuantMatrix::new(QuantType::Q4_1, rows, cols, bytes).expect("valid");
+        for tokens in [1, 7] {
+            let x = rand(tokens * cols, &mut seed);
+            let a = <Flex as EngineOps>::quantized_matmul(flex_from(x.clone(), [tokens, cols]), &w);
+            let b = reference::quantized_matmul::<Flex>(flex_from(x.clone(), [tokens, cols]), &w);
+            close(&vec_of(a), &vec_of(b), 1e-5);
+            let wd = flex_from(w.dequantize(), [rows, cols]);
+            let a = <Flex as EngineOps>::dense_matmul(flex_from(x.clone(), [tokens, cols]), &wd);
+            let b = reference::dense_matmul::<Flex>(flex_from(x, [tokens, cols]), &wd);
+            close(&vec_of(a), &vec_of(b), 1e-5);
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! Weight sources: GGUF files and HF safetensors (single file or sharded with an index).
+//!
+//! Every source answers requests by HF parameter name (`model.layers.3.self_attn.q_proj.weight`)
+//! and returns Q/K in HF's rotate-half row order, so the model code is source-independent.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use aphro_core::gguf::{GgmlType, GgufFile, GgufTensorInfo};
+use half::{bf16, f16};
+
+use super::config::LlamaConfig;
+use super::quant::{dequantize_into, QuantMatrix, QuantType};
+use super::ModelError;
+
+/// A weight as loaded into host memory.
+#[derive(Debug, Clone)]
+pub enum HostTensor {
+    /// Row-major f32 with its shape (HF order: `[out, in]` for matrices).
+    F32 { shape: Vec<usize>, data: Vec<f32> },
+    /// A `[rows, cols]` matrix kept in its ggml block format.
+    Quant(QuantMatrix),
+}
+
+impl HostTensor {
+    pub fn shape(&self) -> Vec<usize> {
+        match self {
+            HostTensor::F32 { shape, .. } => shape.clone(),
+            HostTensor::Quant(q) => vec![q.rows, q.cols],
+        }
+    }
+
+    pub fn into_f32(self) -> (Vec<usize>, Vec<f32>) {
+        match self {
+            HostTensor::F32 { shape, data } => (shape, data),
+            HostTensor::Quant(q) => (vec![q.rows, q.cols], q.dequantize()),
+        }
+    }
+}
+
+/// Where the model's parameters come from.
+pub trait WeightSource {
+    /// The tensor with this HF name, or `None` if the file does not have it. With
+    /// `keep_quant`, block-quantized matrices stay quantized.
+    fn get(&self, name: &str, keep_quant: bool) -> Result<Option<HostTensor>, ModelError>;
+}
+
+/// HF parameter name → GGUF tensor name.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    match hf {
+        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "model.norm.weight" => return Some("output_norm.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (part, suffix) = rest.rsplit_once('.')?;
+    let g = match part {
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{g}.{suffix}"))
+}
+
+/// Undo llama.cpp's Q/K row permutation: GGUF row `h*d + 2i + j` holds HF row `h*d + j*d/2 + i`.
+fn unpermute_rows<T: Copy>(rows: &[T], row_len: usize, n_heads: usize) -> Vec<T> {
+    let n_rows = rows.len() / row_len;
+    let d = n_rows / n_heads;
+    let half = d / 2;
+    let mut out = Vec::with_capacity(rows.len());
+    for hf_row in 0..n_rows {
+        let (h, r) = (hf_row / d, hf_row % d);
+        let (j, i) = (r / half, r % half);
+        let g = h * d + 2 * i + j;
+        out.extend_from_slice(&rows[g * row_len..(g + 1) * row_len]);
+    }
+    out
+}
+
+pub struct GgufWeights {
+    pub file: GgufFile,
+    cfg: LlamaConfig,
+}
+
+impl GgufWeights {
+    pub fn new(file: GgufFile, cfg: LlamaConfig) -> Self {
+        Self { file, cfg }
+    }
+
+    fn load(&self, info: &GgufTensorInfo, keep_quant: bool) -> Result<HostTensor, ModelError> {
+        let bytes = self.file.tensor_data(info);
+        let n = info.n_elements() as usize;
+        // GGUF dims are fastest-first; HF shape is the reverse.
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let quant = match info.ggml_type {
+            GgmlType::F32 => {
+                let data = bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                return Ok(HostTensor::F32 { shape, data });
+            }
+            GgmlType::F16 => {
+                let data = bytes
+                    .chunks_exact(2)
+                    .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect();
+                return Ok(HostTensor::F32 { shape, data });
+            }
+            GgmlType::BF16 => {
+                let data = bytes
+                    .chunks_exact(2)
+                    .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect();
+                return Ok(HostTensor::F32 { shape, data });
+            }
+            GgmlType::Q8_0 => QuantType::Q8_0,
+            GgmlType::Q4_0 => QuantType::Q4_0,
+            GgmlType::Q4_1 => QuantType::Q4_1,
+            GgmlType::Q4K => QuantType::Q4K,
+            GgmlType::Q6K => QuantType::Q6K,
+            other => {
+                return Err(ModelError::UnsupportedTensorType {
+                    name: info.name.clone(),
+                    ty: other.to_string(),
+                })
+            }
+        };
+        let cols = info.dims.first().copied().unwrap_or(1) as usize;
+        let rows = n / cols.max(1);
+        let q = QuantMatrix::new(quant, rows, cols, bytes.to_vec())
+            .map_err(|e| ModelError::Weights(format!("{}: {e}", info.name)))?;
+        // The K-quants have no fused kernel: dequantize them at load.
+        if keep_quant && quant.has_fused_kernel() {
+            Ok(HostTensor::Quant(q))
+        } else {
+            let mut data = vec![0f32; n];
+            for r in 0..rows {
+                dequantize_into(quant, q.row(r), &mut data[r * cols..(r + 1) * cols]);
+            }
+            Ok(HostTensor::F32 { shape, data })
+        }
+    }
+}
+
+impl WeightSource for GgufWeights {
+    fn get(&self, name: &str, keep_quant: bool) -> Result<Option<HostTensor>, ModelError> {
+        let Some(g) = gguf_name(name) else {
+            return Ok(None);
+        };
+        let Some(info) = self.file.tensor_info(&g) else {
+            return Ok(None);
+        };
+        let t = self.load(info, keep_quant)?;
+        let heads = if g.ends_with("attn_q.weight") || g.ends_with("attn_q.bias") {
+            Some(self.cfg.num_heads)
+        } else if g.ends_with("attn_k.weight") || g.ends_with("attn_k.bias") {
+            Some(self.cfg.num_kv_heads)
+        } else {
+            None
+        };
+        let Some(heads) = heads.filter(|_| self.cfg.gguf_qk_permuted()) else {
+            return Ok(Some(t));
+        };
+        Ok(Some(match t {
+            HostTensor::F32 { shape, data } => {
+                let row_len = if shape.len() == 2 { shape[1] } else { 1 };
+                let data = unpermute_rows(&data, row_len, heads);
+                HostTensor::F32 { shape, data }
+            }
+            HostTensor::Quant(q) => {
+                let mut raw = Vec::with_capacity(q.size_bytes());
+                for r in 0..q.rows {
+                    raw.extend_from_slice(q.row(r));
+                }
+                let raw = unpermute_rows(&raw, q.row_bytes(), heads);
+                HostTensor::Quant(
+                    QuantMatrix::new(q.ty, q.rows, q.cols, raw)
+                        .map_err(|e| ModelError::Weights(e.to_string()))?,
+                )
+            }
+        }))
+    }
+}
+
+/// HF safetensors: `model.safetensors`, or shards listed in `model.safetensors.index.json`.
+pub struct SafetensorsWeights {
+    files: Vec<memmap2::Mmap>,
+    /// tensor name → index into `files`.
+    index: HashMap<String, usize>,
+}
+
+impl SafetensorsWeights {
+    /// Open every shard of the model in `dir`.
+    pub fn open_dir(dir: &Path) -> Result<Self, ModelError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let shard_paths: Vec<PathBuf> = if index_path.exists() {
+            let v: serde_json::Value = serde_json::from_slice(&read(&index_path)?)
+                .map_err(|e| ModelError::Weights(format!("{}: {e}", index_path.display())))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Weights("index has no weight_map".into()))?;
+            let mut shards: Vec<String> = map
+                .values()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards.into_iter().map(|s| dir.join(s)).collect()
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        Self::open_files(&shard_paths)
+    }
+
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self, ModelError> {
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for (i, p) in paths.iter().enumerate() {
+            let f = std::fs::File::open(p).map_err(|e| ModelError::Io(p.clone(), e))?;
+            // SAFETY: the file is opened read-only and treated as immutable for the life of
+            // the map; a concurrent truncation by another process is outside our contract.
+            #[allow(unsafe_code)]
+            let map =
+                unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ModelError::Io(p.clone(), e))?;
+            let st = safetensors::SafeTensors::deserialize(&map)
+                .map_err(|e| ModelError::Weights(format!("{}: {e}", p.display())))?;
+            for name in st.names() {
+                index.insert(name.to_string(), i);
+            }
+            files.push(map);
+        }
+        Ok(Self { files, index })
+    }
+}
+
+fn read(p: &Path) -> Result<Vec<u8>, ModelError> {
+    std::fs::read(p).map_err(|e| ModelError::Io(p.to_path_buf(), e))
+}
+
+impl WeightSource for SafetensorsWeights {
+    fn get(&self, name: &str, _keep_quant: bool) -> Result<Option<HostTensor>, ModelError> {
+        let Some(&i) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let st = safetensors::SafeTensors::deserialize(&self.files[i])
+            .map_err(|e| ModelError::Weights(e.to_string()))?;
+        let t = st
+            .tensor(name)
+            .map_err(|e| ModelError::Weights(format!("{name}: {e}")))?;
+        let b = t.data();
+        use safetensors::Dtype;
+        let data: Vec<f32> = match t.dtype() {
+            Dtype::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => b
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::UnsupportedTensorType {
+                    name: name.to_string(),
+                    ty: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(Some(HostTensor::F32 {
+            shape: t.shape().to_vec(),
+            data,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_names() {
+        assert_eq!(
+            gguf_name("model.layers.12.self_attn.o_proj.weight").as_deref(),
+            Some("blk.12.attn_output.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.post_attention_layernorm.weight").as_deref(),
+            Some("blk.0.ffn_norm.weight")
+        );
+        assert_eq!(gguf_name("model.layers.0.weird.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // llama.cpp: w.reshape(h, 2, d/2, ...).swapaxes(1, 2)
+        let (heads, d) = (2, 4);
+        let hf: Vec<usize> = (0..heads * d).collect();
+        let mut gguf = vec![0; heads * d];
+        for h in 0..heads {
+            for i in 0..d / 2 {
+                for j in 0..2 {
+                    gguf[h * d + 2 * i + j] = hf[h * d + j * d / 2 + i];
+                }
+            }
+        }
+        assert_eq!(unpermute_rows(&gguf, 1, heads), hf);
+    }
+}
