@@ -136,16 +136,6 @@ pub enum Early {
     Args(String),
 }
 
-impl Early {
-    pub(crate) fn call(name: &str, args: impl Into<String>) -> Self {
-        Early::Call {
-            name: name.to_string(),
-            id: None,
-            args: args.into(),
-        }
-    }
-}
-
 /// A per-request incremental scanner over the growing content text. `scan` is called after each
 /// push with the whole buffer so far (it only grows); implementations keep cursors and search
 /// hints so each byte is examined a bounded number of times (linear streaming).
