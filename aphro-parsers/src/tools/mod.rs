@@ -1,7 +1,8 @@
 //! Tool-call formats. Each format is a one-shot function over the content text
 //! ([`ToolFormat::parse`], the single source of truth) plus a [`Live`] policy saying which content
-//! may be streamed before the output ends. [`FormatStage`] is the incremental driver shared by
-//! all formats.
+//! may be streamed before the output ends, and, where calls can become final before the end, an
+//! [`EarlyScan`] that reports them as they do. [`FormatStage`] is the incremental driver shared
+//! by all formats.
 use crate::config::{ParserConfig, ToolChoice};
 use crate::scan::{find_earliest, partial_suffix_len, trailing_ws_len};
 use crate::{DeltaMessage, DeltaToolCall};
@@ -358,8 +359,9 @@ impl ToolStage for NoTools {
     fn finish(&mut self, _out: &mut DeltaMessage) {}
 }
 
-/// Incremental driver for a [`ToolFormat`]: streams the provably final content prefix, buffers
-/// the rest, parses once at `finish`, then emits the remaining content and the calls.
+/// Incremental driver for a [`ToolFormat`]: streams the provably final content prefix and the
+/// calls its [`EarlyScan`] reports as certain, buffers the rest, parses once at `finish`, then
+/// emits the remaining content, the argument tails of calls already sent, and the other calls.
 pub struct FormatStage {
     fmt: Arc<dyn ToolFormat>,
     ctx: Arc<ParserConfig>,
