@@ -149,10 +149,27 @@ pub trait EarlyScan: Send {
 /// does not rescan text already known to hold none.
 pub(crate) fn seek(buf: &str, from: &mut usize, markers: &[&str]) -> Option<(usize, usize)> {
     let start = (*from).min(buf.len());
-    if let Some((p, i)) = find_earliest(&buf[start..], markers) {
-        return Some((start + p, i));
-    }
     let max = markers.iter().map(|m| m.len()).max().unwrap_or(1);
+    // Search a window that doubles until it holds a match no longer marker could precede:
+    // the cost stays proportional to the distance to the match even when some marker does not
+    // occur at all (a plain search per marker would run to the end of the text for each call
+    // found in one big push, i.e. quadratic one-shot parsing).
+    let mut w = 256usize;
+    loop {
+        let mut end = start.saturating_add(w).min(buf.len());
+        while !buf.is_char_boundary(end) {
+            end += 1;
+        }
+        if let Some((p, i)) = find_earliest(&buf[start..end], markers) {
+            if end == buf.len() || start + p + max <= end {
+                return Some((start + p, i));
+            }
+        }
+        if end == buf.len() {
+            break;
+        }
+        w = w.saturating_mul(2);
+    }
     let mut f = buf.len().saturating_sub(max.saturating_sub(1)).max(start);
     while !buf.is_char_boundary(f) {
         f += 1;
