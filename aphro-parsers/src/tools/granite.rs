@@ -139,10 +139,7 @@ impl EarlyScan for GraniteScan {
                             self.from += n;
                             self.phase = Phase::Sep(0);
                         }
-                        (Phase::Sep(s @ (0 | 2)), c) if c.is_whitespace() => {
-                            let _ = s;
-                            self.from += n;
-                        }
+                        (Phase::Sep(0 | 2), c) if c.is_whitespace() => self.from += n,
                         (Phase::Sep(s @ (0 | 1)), ',') => {
                             *s = 1;
                             self.from += n;
