@@ -6,7 +6,9 @@ pub mod parse;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod launch;
 pub mod render;
+pub mod server_args;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -27,6 +29,9 @@ pub enum Command {
     Parse(parse::Args),
     /// Render one chat/completion request (or a JSONL batch) to GenerateRequest JSON, offline.
     Render(render::Args),
+    /// Launch a server role (vLLM's `vllm launch`).
+    #[command(subcommand)]
+    Launch(launch::LaunchCommand),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -37,5 +42,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Parse(args) => parse::run(args),
         Command::Render(args) => render::run(args),
+        Command::Launch(cmd) => launch::run(cmd),
     }
 }

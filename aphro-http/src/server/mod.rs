@@ -10,6 +10,7 @@
 //! # }
 //! ```
 mod common;
+pub mod render;
 
 use crate::auth::{require_api_key, ApiKeys};
 use crate::error::route_not_found;
@@ -72,9 +73,16 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub created: u64,
+    /// Present unless the server runs `--tokens-only`.
+    pub renderer: Option<Arc<aphro_core::Renderer>>,
 }
 
 impl AppState {
+    pub fn with_renderer(mut self, renderer: Arc<aphro_core::Renderer>) -> Self {
+        self.renderer = Some(renderer);
+        self
+    }
+
     pub fn new(settings: ServerSettings) -> Self {
         let name = settings
             .served_model_names
@@ -86,6 +94,7 @@ impl AppState {
             settings: Arc::new(settings),
             health: Arc::new(Health::default()),
             created: unix_now(),
+            renderer: None,
         }
     }
 
@@ -111,8 +120,11 @@ pub fn unix_now() -> u64 {
 pub fn router(state: AppState) -> Router {
     let limit = BodyLimit(state.settings.max_body_bytes);
     let keys = ApiKeys::new(state.settings.api_keys.clone());
-    common::routes()
-        .fallback(route_not_found)
+    let mut app = common::routes();
+    if matches!(state.settings.role, Role::Render | Role::Full) {
+        app = app.merge(render::routes());
+    }
+    app.fallback(route_not_found)
         .layer(middleware::from_fn_with_state(keys, require_api_key))
         .layer(middleware::from_fn(
             move |mut req: Request, next: Next| async move {
@@ -215,4 +227,31 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("boom"));
     }
+}
+
+mod listen;
+
+/// Bind and serve until the process is stopped; builds its own multi-threaded runtime.
+pub fn run_blocking(
+    state: AppState,
+    host: &str,
+    port: u16,
+    keep_alive_s: u64,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let app = router(state);
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((host, port)).await?;
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "aphro listening");
+        eprintln!("aphro listening on http://{addr}");
+        listen::serve(
+            listener,
+            app,
+            std::time::Duration::from_secs(keep_alive_s.max(1)),
+        )
+        .await
+    })
 }
