@@ -5,6 +5,7 @@
 //! [`detokenizer::IncrementalDetokenizer`], [`default_model::ensure_default_model`].
 pub mod chat_prompt;
 pub mod default_model;
+pub mod derenderer;
 pub mod detokenizer;
 pub mod error;
 pub mod gguf;
@@ -16,6 +17,7 @@ pub mod stop;
 pub mod template;
 pub mod tokenizer;
 
+pub use derenderer::{Derenderer, DerenderOptions};
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};
 pub use renderer::{RenderHooks, RenderOptions, Renderer};
