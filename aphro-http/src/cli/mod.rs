@@ -6,7 +6,11 @@ pub mod parse;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod derender;
+pub mod detokenize;
+pub(crate) mod io;
 pub mod render;
+pub mod tokenize;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -27,6 +31,12 @@ pub enum Command {
     Parse(parse::Args),
     /// Render one chat/completion request (or a JSONL batch) to GenerateRequest JSON, offline.
     Render(render::Args),
+    /// Derender one chat/completion derender request (or a JSONL batch) to the OpenAI response, offline.
+    Derender(derender::Args),
+    /// Tokenize a `/tokenize` body (prompt or messages), offline.
+    Tokenize(tokenize::Args),
+    /// Detokenize a `/detokenize` body, offline.
+    Detokenize(detokenize::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -37,5 +47,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Parse(args) => parse::run(args),
         Command::Render(args) => render::run(args),
+        Command::Derender(args) => derender::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Detokenize(args) => detokenize::run(args),
     }
 }
