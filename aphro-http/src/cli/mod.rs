@@ -6,9 +6,13 @@ pub mod parse;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod derender;
+pub mod detokenize;
+pub(crate) mod io;
 pub mod launch;
 pub mod render;
 pub mod server_args;
+pub mod tokenize;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,6 +36,12 @@ pub enum Command {
     /// Launch a server role (vLLM's `vllm launch`).
     #[command(subcommand)]
     Launch(launch::LaunchCommand),
+    /// Derender one chat/completion derender request (or a JSONL batch) to the OpenAI response, offline.
+    Derender(derender::Args),
+    /// Tokenize a `/tokenize` body (prompt or messages), offline.
+    Tokenize(tokenize::Args),
+    /// Detokenize a `/detokenize` body, offline.
+    Detokenize(detokenize::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -43,5 +53,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Parse(args) => parse::run(args),
         Command::Render(args) => render::run(args),
         Command::Launch(cmd) => launch::run(cmd),
+        Command::Derender(args) => derender::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Detokenize(args) => detokenize::run(args),
     }
 }
