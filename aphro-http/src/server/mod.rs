@@ -75,11 +75,18 @@ pub struct AppState {
     pub created: u64,
     /// Present unless the server runs `--tokens-only`.
     pub renderer: Option<Arc<aphro_core::Renderer>>,
+    /// Present unless the server runs `--tokens-only`.
+    pub derenderer: Option<Arc<aphro_core::derenderer::Derenderer>>,
 }
 
 impl AppState {
     pub fn with_renderer(mut self, renderer: Arc<aphro_core::Renderer>) -> Self {
         self.renderer = Some(renderer);
+        self
+    }
+
+    pub fn with_derenderer(mut self, derenderer: Arc<aphro_core::derenderer::Derenderer>) -> Self {
+        self.derenderer = Some(derenderer);
         self
     }
 
@@ -95,6 +102,7 @@ impl AppState {
             health: Arc::new(Health::default()),
             created: unix_now(),
             renderer: None,
+            derenderer: None,
         }
     }
 
