@@ -6,6 +6,8 @@ pub mod parse;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod bench;
+pub mod generate;
 pub mod render;
 
 #[derive(Debug, Parser)]
@@ -27,6 +29,11 @@ pub enum Command {
     Parse(parse::Args),
     /// Render one chat/completion request (or a JSONL batch) to GenerateRequest JSON, offline.
     Render(render::Args),
+    /// Run GenerateRequest bodies (the render output) through the engine, offline; with
+    /// `--jsonl` the whole file is one batch.
+    Generate(generate::Args),
+    /// Engine throughput: prefill, batch-1 decode and aggregate decode tok/s.
+    Bench(bench::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -37,5 +44,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Parse(args) => parse::run(args),
         Command::Render(args) => render::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
