@@ -22,6 +22,11 @@ pub fn routes() -> Router<AppState> {
 }
 
 async fn health(State(state): State<AppState>) -> Response {
+    if let Some(engine) = &state.engine {
+        if !engine.is_healthy() {
+            state.health.mark_dead("the engine failed and stopped serving");
+        }
+    }
     match state.health.fatal_reason() {
         None => StatusCode::OK.into_response(),
         Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
