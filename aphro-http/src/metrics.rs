@@ -19,12 +19,18 @@ impl Metrics {
     pub fn new(_model_name: &str) -> Self {
         let registry = Registry::new();
         let http_requests = IntCounterVec::new(
-            Opts::new("http_requests_total", "Total number of requests by method, status and handler."),
+            Opts::new(
+                "http_requests_total",
+                "Total number of requests by method, status and handler.",
+            ),
             &["method", "status", "handler"],
         )
         .unwrap_or_else(|e| panic!("static metric is malformed: {e}"));
         let _ = registry.register(Box::new(http_requests.clone()));
-        Metrics { registry, http_requests }
+        Metrics {
+            registry,
+            http_requests,
+        }
     }
 
     pub fn observe_http(&self, method: &str, status: u16, handler: &str) {
@@ -42,10 +48,19 @@ impl Metrics {
 }
 
 fn labels(model: &str) -> String {
-    format!("engine=\"0\",model_name=\"{}\"", model.replace('\\', "\\\\").replace('"', "\\\""))
+    format!(
+        "engine=\"0\",model_name=\"{}\"",
+        model.replace('\\', "\\\\").replace('"', "\\\"")
+    )
 }
 
-fn write_histogram(out: &mut String, name: &str, help: &str, l: &str, h: &aphro_engine::metrics::Histogram) {
+fn write_histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    l: &str,
+    h: &aphro_engine::metrics::Histogram,
+) {
     use std::fmt::Write;
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
     let mut cum = 0u64;
@@ -54,7 +69,11 @@ fn write_histogram(out: &mut String, name: &str, help: &str, l: &str, h: &aphro_
         let _ = writeln!(out, "{name}_bucket{{{l},le=\"{b}\"}} {cum}");
     }
     let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(out, "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}", h.sum, h.count);
+    let _ = writeln!(
+        out,
+        "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}",
+        h.sum, h.count
+    );
 }
 
 /// Prometheus text for an engine snapshot, under vLLM's metric names and labels.
@@ -63,24 +82,94 @@ pub fn engine_exposition(m: &aphro_engine::metrics::MetricsSnapshot, model: &str
     let l = labels(model);
     let mut out = String::new();
     let mut scalar = |name: &str, kind: &str, help: &str, v: String| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {v}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {v}"
+        );
     };
-    scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", m.num_running.to_string());
-    scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", m.num_waiting.to_string());
-    scalar("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", m.kv_cache_usage.to_string());
-    scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", m.prompt_tokens_total.to_string());
-    scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", m.generation_tokens_total.to_string());
-    scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.", m.num_preemptions.to_string());
-    scalar("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", m.prefix_cache_queries.to_string());
-    scalar("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", m.prefix_cache_hits.to_string());
+    scalar(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        m.num_running.to_string(),
+    );
+    scalar(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        m.num_waiting.to_string(),
+    );
+    scalar(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        m.kv_cache_usage.to_string(),
+    );
+    scalar(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        m.prompt_tokens_total.to_string(),
+    );
+    scalar(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        m.generation_tokens_total.to_string(),
+    );
+    scalar(
+        "vllm:num_preemptions_total",
+        "counter",
+        "Cumulative number of preemptions from the engine.",
+        m.num_preemptions.to_string(),
+    );
+    scalar(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        m.prefix_cache_queries.to_string(),
+    );
+    scalar(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        m.prefix_cache_hits.to_string(),
+    );
     let _ = writeln!(out, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
     for (reason, n) in &m.request_success {
-        let _ = writeln!(out, "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {n}");
+        let _ = writeln!(
+            out,
+            "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {n}"
+        );
     }
-    write_histogram(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &l, &m.time_to_first_token);
-    write_histogram(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &l, &m.inter_token_latency);
-    write_histogram(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &l, &m.e2e_request_latency);
-    write_histogram(&mut out, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &l, &m.request_queue_time);
+    write_histogram(
+        &mut out,
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l,
+        &m.time_to_first_token,
+    );
+    write_histogram(
+        &mut out,
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &l,
+        &m.inter_token_latency,
+    );
+    write_histogram(
+        &mut out,
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &l,
+        &m.e2e_request_latency,
+    );
+    write_histogram(
+        &mut out,
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        &l,
+        &m.request_queue_time,
+    );
     out
 }
 
@@ -100,14 +189,19 @@ mod tests {
         m.time_to_first_token.observe(0.03);
         m.time_to_first_token.observe(0.5);
         let text = engine_exposition(&m, "smollm2");
-        assert!(text.contains("vllm:num_requests_running{engine=\"0\",model_name=\"smollm2\"} 2"), "{text}");
+        assert!(
+            text.contains("vllm:num_requests_running{engine=\"0\",model_name=\"smollm2\"} 2"),
+            "{text}"
+        );
         assert!(text.contains("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} 0.25"));
         assert!(text.contains("vllm:prompt_tokens_total{engine=\"0\",model_name=\"smollm2\"} 10"));
         assert!(text.contains("vllm:request_success_total{engine=\"0\",model_name=\"smollm2\",finished_reason=\"stop\"} 3"));
         // Buckets are cumulative.
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"smollm2\",le=\"0.04\"} 1"), "{text}");
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"smollm2\",le=\"+Inf\"} 2"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"smollm2\"} 2"));
+        assert!(text.contains(
+            "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"smollm2\"} 2"
+        ));
     }
 
     #[test]

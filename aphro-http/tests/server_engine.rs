@@ -22,7 +22,13 @@ fn engine_flags() -> Vec<&'static str> {
 
 fn tokens_only() -> Server {
     let model = gguf();
-    let mut args = vec!["serve", model.as_str(), "--tokens-only", "--served-model-name", "smol"];
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--tokens-only",
+        "--served-model-name",
+        "smol",
+    ];
     args.extend(engine_flags());
     Server::start(&args)
 }
@@ -66,12 +72,19 @@ fn gen_request(max_tokens: u64, stream: bool) -> Value {
 fn tokens_only_generate_stream_abort_and_disconnect() {
     let s = tokens_only();
     // Non-streaming.
-    let (status, body) = s.post("/inference/v1/generate", &gen_request(8, false), &[("x-request-id", "abc")]);
+    let (status, body) = s.post(
+        "/inference/v1/generate",
+        &gen_request(8, false),
+        &[("x-request-id", "abc")],
+    );
     assert_eq!(status, 200, "{body}");
     let v = json(&body);
     assert_eq!(v["request_id"], "generate-tokens-abc");
     assert_eq!(v["output_mode"], "tokens");
-    let ids = v["choices"][0]["token_ids"].as_array().expect("ids").clone();
+    let ids = v["choices"][0]["token_ids"]
+        .as_array()
+        .expect("ids")
+        .clone();
     assert!(!ids.is_empty() && ids.len() <= 8);
     assert_eq!(v["usage"]["completion_tokens"], json!(ids.len()));
 
@@ -79,7 +92,11 @@ fn tokens_only_generate_stream_abort_and_disconnect() {
     let mut sock = open_post(&s.base, "/inference/v1/generate", &gen_request(8, true));
     let mut raw = String::new();
     sock.read_to_string(&mut raw).expect("read");
-    let body = raw.split("\r\n\r\n").skip(1).collect::<Vec<_>>().join("\r\n\r\n");
+    let body = raw
+        .split("\r\n\r\n")
+        .skip(1)
+        .collect::<Vec<_>>()
+        .join("\r\n\r\n");
     assert!(raw.contains("text/event-stream"), "{raw}");
     assert!(body.contains("data: [DONE]"), "{body}");
     let mut streamed = Vec::new();
@@ -89,10 +106,17 @@ fn tokens_only_generate_stream_abort_and_disconnect() {
             streamed.extend(c["token_ids"].as_array().into_iter().flatten().cloned());
         }
     }
-    assert_eq!(streamed, ids, "streamed and non-streamed greedy tokens differ");
+    assert_eq!(
+        streamed, ids,
+        "streamed and non-streamed greedy tokens differ"
+    );
 
     // Handler errors.
-    let (status, body) = s.post("/inference/v1/generate", &json!({"token_ids": [], "sampling_params": {}}), &[]);
+    let (status, body) = s.post(
+        "/inference/v1/generate",
+        &json!({"token_ids": [], "sampling_params": {}}),
+        &[],
+    );
     assert_eq!(status, 400, "{body}");
     let mut with_stop = gen_request(4, false);
     with_stop["sampling_params"]["stop"] = json!(["x"]);
@@ -104,7 +128,11 @@ fn tokens_only_generate_stream_abort_and_disconnect() {
     let (status, body) = s.post_raw("/abort_requests", "application/json", "{}");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("Missing 'request_ids'"), "{body}");
-    let (status, body) = s.post_raw("/inference/v1/abort_requests", "application/json", "not json");
+    let (status, body) = s.post_raw(
+        "/inference/v1/abort_requests",
+        "application/json",
+        "not json",
+    );
     assert_eq!(status, 400, "{body}");
 
     // Abort a long request by id: it finishes with finish_reason "abort".
@@ -117,8 +145,14 @@ fn tokens_only_generate_stream_abort_and_disconnect() {
         let _ = sock.read_to_string(&mut raw);
         raw
     });
-    wait_until("the long request to run", || metric(&s, "vllm:num_requests_running") >= 1.0);
-    let (status, body) = s.post("/inference/v1/abort_requests", &json!({"request_ids": ["generate-tokens-long"]}), &[]);
+    wait_until("the long request to run", || {
+        metric(&s, "vllm:num_requests_running") >= 1.0
+    });
+    let (status, body) = s.post(
+        "/inference/v1/abort_requests",
+        &json!({"request_ids": ["generate-tokens-long"]}),
+        &[],
+    );
     assert_eq!((status, body.as_str()), (200, ""));
     let raw = handle.join().expect("thread");
     assert!(raw.contains("\"finish_reason\":\"abort\""), "{raw}");
@@ -136,12 +170,15 @@ fn tokens_only_generate_stream_abort_and_disconnect() {
                 reader.read_line(&mut line).expect("read");
             }
         } else {
-            wait_until("the request to run", || metric(&s, "vllm:num_requests_running") >= 1.0);
+            wait_until("the request to run", || {
+                metric(&s, "vllm:num_requests_running") >= 1.0
+            });
         }
         sock.shutdown(std::net::Shutdown::Both).expect("hang up");
         drop(sock);
         wait_until("the engine to drop the request", || {
-            metric(&s, "vllm:num_requests_running") == 0.0 && metric(&s, "vllm:kv_cache_usage_perc") == 0.0
+            metric(&s, "vllm:num_requests_running") == 0.0
+                && metric(&s, "vllm:kv_cache_usage_perc") == 0.0
         });
     }
     assert!(metric(&s, "vllm:generation_tokens_total") > 0.0);
@@ -153,7 +190,13 @@ fn integrated_server_and_disaggregated_round_trip_agree() {
     let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
     args.extend(engine_flags());
     let full = Server::start(&args);
-    let render = Server::start(&["launch", "render", model.as_str(), "--served-model-name", "smol"]);
+    let render = Server::start(&[
+        "launch",
+        "render",
+        model.as_str(),
+        "--served-model-name",
+        "smol",
+    ]);
     let engine = tokens_only();
 
     let chat = json!({"model": "smol", "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -162,8 +205,13 @@ fn integrated_server_and_disaggregated_round_trip_agree() {
     let (status, body) = full.post("/v1/chat/completions", &chat, &[]);
     assert_eq!(status, 200, "{body}");
     let integrated = json(&body);
-    assert!(integrated["id"].as_str().is_some_and(|id| id.starts_with("chatcmpl-")));
-    let answer = integrated["choices"][0]["message"]["content"].as_str().expect("content").to_owned();
+    assert!(integrated["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("chatcmpl-")));
+    let answer = integrated["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned();
     assert!(!answer.is_empty());
 
     // Disaggregated: render → generate → derender, as the seed's httpx client does.
@@ -182,7 +230,11 @@ fn integrated_server_and_disaggregated_round_trip_agree() {
     );
     assert_eq!(status, 200, "{body}");
     let disagg = json(&body);
-    assert_eq!(disagg["choices"][0]["message"]["content"], json!(answer), "the two deployments disagree");
+    assert_eq!(
+        disagg["choices"][0]["message"]["content"],
+        json!(answer),
+        "the two deployments disagree"
+    );
     assert_eq!(disagg["usage"], integrated["usage"]);
 
     // Streaming chat on the integrated server gives the same text.
@@ -200,7 +252,8 @@ fn integrated_server_and_disaggregated_round_trip_agree() {
             }
         }
     }
-    assert!(raw.trim_end().ends_with("data: [DONE]"), "{raw}");
+    let last_data = raw.lines().filter(|l| l.starts_with("data: ")).last();
+    assert_eq!(last_data, Some("data: [DONE]"), "{raw}");
     assert_eq!(text, answer);
 
     // Completions, two prompts batched.

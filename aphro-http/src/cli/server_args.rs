@@ -78,6 +78,7 @@ pub fn build_renderer(
     model: Arc<Model>,
     front: &FrontendArgs,
     served: &[String],
+    max_model_len: Option<usize>,
 ) -> anyhow::Result<Renderer> {
     let chat_template = match &front.chat_template {
         Some(p) => {
@@ -117,6 +118,7 @@ pub fn build_derenderer(
     model: Arc<Model>,
     front: &FrontendArgs,
     served: &[String],
+    max_model_len: Option<usize>,
 ) -> anyhow::Result<Derenderer> {
     Ok(Derenderer::new(
         model,

@@ -49,8 +49,12 @@ pub(crate) fn engine(state: &AppState) -> Result<&Arc<ServingEngine>, ApiError> 
         return Err(ApiError::unavailable(reason));
     }
     if !engine.is_healthy() {
-        state.health.mark_dead("the engine failed and stopped serving");
-        return Err(ApiError::unavailable("the engine failed and stopped serving"));
+        state
+            .health
+            .mark_dead("the engine failed and stopped serving");
+        return Err(ApiError::unavailable(
+            "the engine failed and stopped serving",
+        ));
     }
     Ok(engine)
 }
@@ -58,7 +62,9 @@ pub(crate) fn engine(state: &AppState) -> Result<&Arc<ServingEngine>, ApiError> 
 /// Parse a raw JSON body the way the generate route needs it (the body is first read as a
 /// JSON value so absent `sampling_params` keys stay distinguishable from defaults, §10).
 fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
     if !is_json_content_type(ct) {
         return Err(ApiError::validation(
             "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
@@ -67,7 +73,11 @@ fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
     crate::extract::parse_json::<Value>(body)
 }
 
-async fn generate(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+async fn generate(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let value = json_body(&headers, &body)?;
     let engine = engine(&state)?.clone();
     if let Some(model) = value.get("model").and_then(Value::as_str) {
@@ -75,7 +85,8 @@ async fn generate(State(state): State<AppState>, headers: HeaderMap, body: Bytes
     }
     let req = engine.parse_request(&value)?;
     if req.output_mode == "derender" {
-        return super::openai::generate_derender(&state, &engine, req, header_request_id(&headers)).await;
+        return super::openai::generate_derender(&state, &engine, req, header_request_id(&headers))
+            .await;
     }
     let stream = engine.generate(req, header_request_id(&headers))?;
     if stream_requested(&value) {
@@ -109,4 +120,3 @@ async fn abort(State(state): State<AppState>, body: Bytes) -> Result<Response, A
     }
     Ok(StatusCode::OK.into_response())
 }
-

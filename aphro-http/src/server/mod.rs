@@ -150,7 +150,27 @@ pub fn router(state: AppState) -> Router {
         app = app.merge(openai::routes());
     }
     let metrics = state.metrics.clone();
+    let echo_request_id = state.settings.enable_request_id_headers;
     app.fallback(route_not_found)
+        .layer(middleware::from_fn(
+            move |req: Request, next: Next| async move {
+                // --enable-request-id-headers: echo X-Request-Id, or a fresh uuid4 hex (§1.5).
+                let given = req.headers().get("x-request-id").cloned();
+                let mut resp = next.run(req).await;
+                if echo_request_id {
+                    let value = given.or_else(|| {
+                        axum::http::HeaderValue::from_str(
+                            &uuid::Uuid::new_v4().simple().to_string(),
+                        )
+                        .ok()
+                    });
+                    if let Some(v) = value {
+                        resp.headers_mut().insert("x-request-id", v);
+                    }
+                }
+                resp
+            },
+        ))
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             let metrics = metrics.clone();
             async move {

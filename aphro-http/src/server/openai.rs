@@ -10,8 +10,8 @@ use crate::extract::JsonBody;
 use crate::sse::sse_response;
 use aphro_core::derenderer::ChatDerenderStream;
 use aphro_core::protocol::{
-    ChatCompletionRequest, DerenderChatRequest, DerenderCompletionRequest, GenerateRequest, GenerateResponse,
-    GenerateStreamResponse,
+    ChatCompletionRequest, DerenderChatRequest, DerenderCompletionRequest, GenerateRequest,
+    GenerateResponse, GenerateStreamResponse,
 };
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_engine::serving::ServingEngine;
@@ -39,21 +39,30 @@ fn to_core<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
     serde_json::from_value(v).map_err(internal)
 }
 
-async fn run_full(engine: &ServingEngine, req: GenerateRequest) -> Result<GenerateResponse, ApiError> {
+async fn run_full(
+    engine: &ServingEngine,
+    req: GenerateRequest,
+) -> Result<GenerateResponse, ApiError> {
     let resp = engine.generate(req, None)?.collect_response().await?;
     to_core(serde_json::to_value(&resp).map_err(internal)?)
 }
 
-async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, JsonBody(body): JsonBody<Value>) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
     let renderer = renderer(&state)?.clone();
     let derenderer = derenderer(&state)?.clone();
     let engine = engine(&state)?.clone();
     let chat: ChatCompletionRequest = parse_chat_request(&body)?;
     let id = header_request_id(&headers).map(str::to_owned);
     let chat_for_render = chat.clone();
-    let rendered = tokio::task::spawn_blocking(move || renderer.render_chat_with_id(&chat_for_render, id.as_deref()))
-        .await
-        .map_err(internal)??;
+    let rendered = tokio::task::spawn_blocking(move || {
+        renderer.render_chat_with_id(&chat_for_render, id.as_deref())
+    })
+    .await
+    .map_err(internal)??;
     let chat_id = rendered.request_id.clone();
     let prompt_ids = rendered.token_ids.clone();
     if chat.stream {
@@ -69,7 +78,9 @@ async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, Jso
             let ev = item?.to_json();
             let chunk: GenerateStreamResponse = to_core(ev)?;
             let idx = chunk.choices.first().map(|c| c.index as usize).unwrap_or(0);
-            let st = states.get_mut(idx).ok_or_else(|| ApiError::internal("choice index out of range"))?;
+            let st = states
+                .get_mut(idx)
+                .ok_or_else(|| ApiError::internal("choice index out of range"))?;
             let out = st.push(&chunk)?;
             serde_json::to_value(out).map_err(internal)
         });
@@ -95,31 +106,44 @@ async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, Jso
     Ok(json_response(StatusCode::OK, &v))
 }
 
-async fn completions(State(state): State<AppState>, headers: HeaderMap, JsonBody(body): JsonBody<Value>) -> Result<Response, ApiError> {
+async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
     let renderer = renderer(&state)?.clone();
     let derenderer = derenderer(&state)?.clone();
     let engine = engine(&state)?.clone();
     let req = parse_completion_request(&body)?;
     let id = header_request_id(&headers).map(str::to_owned);
     let req_for_render = req.clone();
-    let rendered = tokio::task::spawn_blocking(move || renderer.render_completion_with_id(&req_for_render, id.as_deref()))
-        .await
-        .map_err(internal)??;
+    let rendered = tokio::task::spawn_blocking(move || {
+        renderer.render_completion_with_id(&req_for_render, id.as_deref())
+    })
+    .await
+    .map_err(internal)??;
     let base_id = rendered
         .first()
         .map(|r| r.request_id.trim_end_matches("-0").to_owned())
         .unwrap_or_default();
     if req.stream {
         if rendered.len() != 1 {
-            return Err(ApiError::bad_request("Streaming is supported for a single prompt only.").with_param("prompt"));
+            return Err(
+                ApiError::bad_request("Streaming is supported for a single prompt only.")
+                    .with_param("prompt"),
+            );
         }
         let mut it = rendered.into_iter();
-        let r = it.next().ok_or_else(|| ApiError::internal("no prompt rendered"))?;
+        let r = it
+            .next()
+            .ok_or_else(|| ApiError::internal("no prompt rendered"))?;
         let prompt_ids = r.token_ids.clone();
         let n = r.sampling_params.n.max(1) as usize;
         let stream = engine.generate(r, None)?;
         let mut states = (0..n)
-            .map(|i| derenderer.completion_stream(Some(&req), base_id.clone(), Some(&prompt_ids), i))
+            .map(|i| {
+                derenderer.completion_stream(Some(&req), base_id.clone(), Some(&prompt_ids), i)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         for s in &mut states {
             s.set_prompt_tokens(Some(prompt_ids.len() as u64));
@@ -127,13 +151,16 @@ async fn completions(State(state): State<AppState>, headers: HeaderMap, JsonBody
         let events = stream.into_events().map(move |item| {
             let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
             let idx = chunk.choices.first().map(|c| c.index as usize).unwrap_or(0);
-            let st = states.get_mut(idx).ok_or_else(|| ApiError::internal("choice index out of range"))?;
+            let st = states
+                .get_mut(idx)
+                .ok_or_else(|| ApiError::internal("choice index out of range"))?;
             serde_json::to_value(st.push(&chunk)?).map_err(internal)
         });
         return Ok(sse_response(events));
     }
     let prompt_tokens: Vec<u64> = rendered.iter().map(|r| r.token_ids.len() as u64).collect();
-    let prompt_ids: Vec<Option<Vec<u32>>> = rendered.iter().map(|r| Some(r.token_ids.clone())).collect();
+    let prompt_ids: Vec<Option<Vec<u32>>> =
+        rendered.iter().map(|r| Some(r.token_ids.clone())).collect();
     // All prompts run concurrently: the engine batches them.
     let runs = rendered.into_iter().map(|r| run_full(&engine, r));
     let generated = futures::future::try_join_all(runs).await?;
@@ -164,7 +191,9 @@ pub async fn generate_derender(
 ) -> Result<Response, ApiError> {
     let derenderer = derenderer(state)?.clone();
     if req.stream.unwrap_or(false) {
-        return Err(ApiError::bad_request("output_mode='derender' does not support stream=true."));
+        return Err(ApiError::bad_request(
+            "output_mode='derender' does not support stream=true.",
+        ));
     }
     // The message is assembled from the render-time context the request carries (§4.1).
     let chat_request = match &req.parse_context {
