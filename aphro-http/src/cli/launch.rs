@@ -23,6 +23,9 @@ pub struct RenderArgs {
     pub server: ServerArgs,
     #[command(flatten)]
     pub frontend: FrontendArgs,
+    /// Context length (default: from the model files).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
 }
 
 pub fn run(cmd: LaunchCommand) -> anyhow::Result<ExitCode> {
@@ -41,8 +44,18 @@ fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
             .as_deref()
             .unwrap_or(aphro_core::default_model::DEFAULT_MODEL_NAME),
     );
-    let renderer = Arc::new(build_renderer(model.clone(), &args.frontend, &served)?);
-    let derenderer = Arc::new(build_derenderer(model, &args.frontend, &served)?);
+    let renderer = Arc::new(build_renderer(
+        model.clone(),
+        &args.frontend,
+        &served,
+        args.max_model_len,
+    )?);
+    let derenderer = Arc::new(build_derenderer(
+        model,
+        &args.frontend,
+        &served,
+        args.max_model_len,
+    )?);
     let settings = ServerSettings {
         role: Role::Render,
         served_model_names: served,

@@ -52,9 +52,6 @@ pub struct FrontendArgs {
     /// Let the model choose tool calls when `tool_choice` is `auto`.
     #[arg(long)]
     pub enable_auto_tool_choice: bool,
-    /// Context length (default: from the model files).
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
 }
 
 /// The model to serve: the argument, or the embedded default.
@@ -81,6 +78,7 @@ pub fn build_renderer(
     model: Arc<Model>,
     front: &FrontendArgs,
     served: &[String],
+    max_model_len: Option<usize>,
 ) -> anyhow::Result<Renderer> {
     let chat_template = match &front.chat_template {
         Some(p) => {
@@ -104,7 +102,7 @@ pub fn build_renderer(
         content_format: front
             .chat_template_content_format
             .parse::<ContentFormat>()?,
-        max_model_len: front.max_model_len,
+        max_model_len,
         served_model_names: Some(served.to_vec()),
         ..RenderOptions::default()
     };
@@ -120,6 +118,7 @@ pub fn build_derenderer(
     model: Arc<Model>,
     front: &FrontendArgs,
     served: &[String],
+    max_model_len: Option<usize>,
 ) -> anyhow::Result<Derenderer> {
     Ok(Derenderer::new(
         model,
@@ -128,7 +127,7 @@ pub fn build_derenderer(
             tool_call_parser: front.tool_call_parser.clone(),
             reasoning_parser: front.reasoning_parser.clone(),
             enable_auto_tool_choice: front.enable_auto_tool_choice,
-            max_model_len: front.max_model_len,
+            max_model_len,
             ..DerenderOptions::default()
         },
     )?)
