@@ -24,3 +24,4 @@ pub use model::{LoadOptions, Model};
 pub use renderer::{RenderHooks, RenderOptions, Renderer};
 pub use template::{Clock, ContentFormat, FixedClock, SystemClock};
 pub use tokenizer::Tokenizer;
+pub mod parser_hooks;

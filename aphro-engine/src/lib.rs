@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod serving;

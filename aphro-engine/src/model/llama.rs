@@ -10,7 +10,7 @@ use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
 use super::config::LlamaConfig;
 use super::ops::{AttnSeq, AttnShape, EngineOps};
-use super::quant::QuantMatrix;
+use super::quant::{QuantMatrix, QuantType};
 use super::weights::{HostTensor, WeightSource};
 use super::ModelError;
 
@@ -108,9 +108,21 @@ pub struct Llama<B: Backend> {
     device: B::Device,
 }
 
+/// How the projection matrices are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightStorage {
+    /// Dense f32 backend tensors (the exact-parity path).
+    F32,
+    /// Keep a GGUF's block quantization (fused kernels); everything else f32.
+    KeepQuant,
+    /// 16-bit floats (F16 or BF16), widened to f32 inside the matmul.
+    Half(QuantType),
+}
+
 struct Loader<'a, B: Backend> {
     src: &'a dyn WeightSource,
     keep_quant: bool,
+    half: Option<QuantType>,
     device: &'a B::Device,
 }
 
@@ -148,6 +160,12 @@ impl<B: EngineOps> Loader<'_, B> {
     fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear<B>, ModelError> {
         let t = self.host(name, self.keep_quant)?;
         Self::check(name, &t.shape(), &[rows, cols])?;
+        if let Some(ty) = self.half {
+            let (_, data) = t.into_f32();
+            let q = QuantMatrix::from_f32_half(ty, rows, cols, &data)
+                .map_err(|e| ModelError::Weights(format!("{name}: {e}")))?;
+            return Ok(Linear::Quant(Arc::new(q)));
+        }
         Ok(match t {
             HostTensor::Quant(q) => Linear::Quant(Arc::new(q)),
             HostTensor::F32 { data, .. } => Linear::Dense {
@@ -171,9 +189,34 @@ impl<B: EngineOps> Llama<B> {
         keep_quant: bool,
         device: &B::Device,
     ) -> Result<Self, ModelError> {
+        let storage = if keep_quant {
+            WeightStorage::KeepQuant
+        } else {
+            WeightStorage::F32
+        };
+        Self::load_with(cfg, src, storage, device)
+    }
+
+    /// [`Self::load`] with an explicit [`WeightStorage`] for the projection matrices (norms
+    /// and biases are always f32).
+    pub fn load_with(
+        cfg: LlamaConfig,
+        src: &dyn WeightSource,
+        storage: WeightStorage,
+        device: &B::Device,
+    ) -> Result<Self, ModelError> {
         let ld = Loader::<B> {
             src,
-            keep_quant,
+            keep_quant: storage == WeightStorage::KeepQuant,
+            half: match storage {
+                WeightStorage::Half(ty) if ty.is_half() => Some(ty),
+                WeightStorage::Half(ty) => {
+                    return Err(ModelError::Config(format!(
+                        "{ty:?} is not a 16-bit float type"
+                    )))
+                }
+                _ => None,
+            },
             device,
         };
         let (dm, ff, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);

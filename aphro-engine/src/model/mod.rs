@@ -14,8 +14,9 @@ use aphro_core::gguf::{GgufError, GgufFile};
 use burn::backend::flex::{Flex, FlexDevice};
 
 pub use config::LlamaConfig;
-pub use llama::Llama;
+pub use llama::{Llama, WeightStorage};
 pub use ops::EngineOps;
+use quant::QuantType;
 pub use runner::LlamaRunner;
 
 use crate::runner::ModelRunner;
@@ -131,12 +132,12 @@ pub fn load_model<B: EngineOps>(
     device: &B::Device,
 ) -> Result<Llama<B>, ModelError> {
     let path = &resolve_model_path(path)?;
-    if matches!(dtype, ModelDType::BFloat16 | ModelDType::Float16) {
-        return Err(ModelError::Unsupported(format!(
-            "--dtype {dtype:?} (use auto or float32)"
-        )));
-    }
-    let keep_quant = dtype == ModelDType::Auto;
+    let storage = match dtype {
+        ModelDType::Auto => WeightStorage::KeepQuant,
+        ModelDType::Float32 => WeightStorage::F32,
+        ModelDType::Float16 => WeightStorage::Half(QuantType::F16),
+        ModelDType::BFloat16 => WeightStorage::Half(QuantType::BF16),
+    };
     if path.is_dir() {
         let cfg_path = path.join("config.json");
         let raw = std::fs::read(&cfg_path).map_err(|e| ModelError::Io(cfg_path.clone(), e))?;
@@ -144,7 +145,7 @@ pub fn load_model<B: EngineOps>(
             .map_err(|e| ModelError::Config(format!("{}: {e}", cfg_path.display())))?;
         let cfg = LlamaConfig::from_hf_json(&json)?;
         let src = weights::SafetensorsWeights::open_dir(path)?;
-        return Llama::load(cfg, &src, keep_quant, device);
+        return Llama::load_with(cfg, &src, storage, device);
     }
     if path
         .extension()
@@ -154,7 +155,7 @@ pub fn load_model<B: EngineOps>(
         let file = GgufFile::open(path)?;
         let cfg = LlamaConfig::from_gguf(&file)?;
         let src = weights::GgufWeights::new(file, cfg.clone());
-        return Llama::load(cfg, &src, keep_quant, device);
+        return Llama::load_with(cfg, &src, storage, device);
     }
     Err(ModelError::UnknownFormat(path.to_path_buf()))
 }

@@ -7,7 +7,8 @@
 use half::f16;
 use rayon::prelude::*;
 
-/// The ggml block formats this crate understands.
+/// The ggml block formats this crate understands, plus plain 16-bit floats (`--dtype
+/// float16|bfloat16`: weights stored in 16 bits, widened to f32 inside the matmul).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantType {
     Q8_0,
@@ -15,6 +16,10 @@ pub enum QuantType {
     Q4_1,
     Q4K,
     Q6K,
+    /// IEEE half, little-endian, one element per "block".
+    F16,
+    /// bfloat16, little-endian, one element per "block".
+    BF16,
 }
 
 impl QuantType {
@@ -26,7 +31,13 @@ impl QuantType {
             QuantType::Q4_1 => (32, 20),
             QuantType::Q4K => (256, 144),
             QuantType::Q6K => (256, 210),
+            QuantType::F16 | QuantType::BF16 => (1, 2),
         }
+    }
+
+    /// Whether this is a plain 16-bit float format rather than a block quantization.
+    pub fn is_half(self) -> bool {
+        matches!(self, QuantType::F16 | QuantType::BF16)
     }
 
     /// Whether the fused kernels handle it (the K-quants are dequantized at load).
@@ -73,6 +84,39 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 }
 
 impl QuantMatrix {
+    /// Store a row-major f32 `[rows, cols]` matrix as F16 or BF16 (round to nearest even).
+    pub fn from_f32_half(
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        values: &[f32],
+    ) -> Result<Self, QuantError> {
+        let want = rows * cols;
+        if !ty.is_half() || values.len() != want {
+            return Err(QuantError::WrongSize {
+                ty,
+                rows,
+                cols,
+                want: want * 2,
+                got: values.len() * 2,
+            });
+        }
+        let mut data = vec![0u8; want * 2];
+        data.par_chunks_mut(2 * 4096)
+            .zip(values.par_chunks(4096))
+            .for_each(|(o, v)| {
+                for (o, &x) in o.chunks_exact_mut(2).zip(v) {
+                    let b = if ty == QuantType::BF16 {
+                        half::bf16::from_f32(x).to_le_bytes()
+                    } else {
+                        f16::from_f32(x).to_le_bytes()
+                    };
+                    o.copy_from_slice(&b);
+                }
+            });
+        Self::new(ty, rows, cols, data)
+    }
+
     pub fn new(ty: QuantType, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, QuantError> {
         let (block, _) = ty.block_layout();
         if cols % block != 0 {
@@ -176,6 +220,27 @@ impl QuantMatrix {
     }
 }
 
+/// Widen little-endian f16/bf16 values in `src` into `out` (`min(src/2, out)` values).
+#[allow(unsafe_code)]
+fn half_to_f32(bf16: bool, src: &[u8], out: &mut [f32]) {
+    let n = (src.len() / 2).min(out.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above); the
+        // kernel reads `2 * n` bytes of `src` and writes `n` values of `out`.
+        unsafe { x86::half_to_f32(bf16, &src[..2 * n], &mut out[..n]) };
+        return;
+    }
+    for (o, b) in out[..n].iter_mut().zip(src.chunks_exact(2)) {
+        let bits = u16::from_le_bytes([b[0], b[1]]);
+        *o = if bf16 {
+            f32::from_bits((bits as u32) << 16)
+        } else {
+            f16::from_bits(bits).to_f32()
+        };
+    }
+}
+
 /// `[a, b]` row-major → `[b, a]`.
 pub(crate) fn transpose(m: &[f32], a: usize, b: usize) -> Vec<f32> {
     let mut out = vec![0f32; m.len()];
@@ -208,6 +273,10 @@ pub fn dense_matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], tokens: usiz
 
 /// Dequantize whole blocks of `ty` from `src` into `out`.
 pub fn dequantize_into(ty: QuantType, src: &[u8], out: &mut [f32]) {
+    if ty.is_half() {
+        half_to_f32(ty == QuantType::BF16, src, out);
+        return;
+    }
     let (block, bytes) = ty.block_layout();
     for (b, o) in src.chunks_exact(bytes).zip(out.chunks_exact_mut(block)) {
         match ty {
@@ -236,6 +305,7 @@ pub fn dequantize_into(ty: QuantType, src: &[u8], out: &mut [f32]) {
             }
             QuantType::Q4K => dequant_q4k(b, o),
             QuantType::Q6K => dequant_q6k(b, o),
+            QuantType::F16 | QuantType::BF16 => {}
         }
     }
 }
@@ -364,7 +434,7 @@ fn fused_dot_generic(ty: QuantType, row: &[u8], x: &[f32], bsums: &[f32]) -> f32
                 total[0] += off;
             }
         }
-        QuantType::Q4K | QuantType::Q6K => {
+        QuantType::Q4K | QuantType::Q6K | QuantType::F16 | QuantType::BF16 => {
             let (block, _) = ty.block_layout();
             let mut buf = vec![0f32; block];
             let (_, bytes) = ty.block_layout();
@@ -404,7 +474,7 @@ fn unpack_quants(ty: QuantType, row: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        QuantType::Q4K | QuantType::Q6K => {}
+        QuantType::Q4K | QuantType::Q6K | QuantType::F16 | QuantType::BF16 => {}
     }
 }
 
@@ -458,7 +528,7 @@ fn decoded_dot_generic(ty: QuantType, row: &[u8], qf: &[f32], x: &[f32], bsums: 
                 total[0] += off;
             }
         }
-        QuantType::Q4K | QuantType::Q6K => {}
+        QuantType::Q4K | QuantType::Q6K | QuantType::F16 | QuantType::BF16 => {}
     }
     ((total[0] + total[4]) + (total[1] + total[5]))
         + ((total[2] + total[6]) + (total[3] + total[7]))
@@ -487,6 +557,34 @@ mod x86 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
         _mm_cvtss_f32(s)
+    }
+
+    /// `out[i] = widen(src[2i..2i+2])`; `src.len() == 2 * out.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn half_to_f32(bf16: bool, src: &[u8], out: &mut [f32]) {
+        let n = out.len().min(src.len() / 2);
+        let (ps, po) = (src.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        // SAFETY (all loads/stores): i + 8 <= n bounds the 16-byte load and 8-lane store.
+        while i + 8 <= n {
+            let h = _mm_loadu_si128(ps.add(2 * i) as *const __m128i);
+            let v = if bf16 {
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+            } else {
+                _mm256_cvtph_ps(h)
+            };
+            _mm256_storeu_ps(po.add(i), v);
+            i += 8;
+        }
+        while i < n {
+            let bits = u16::from_le_bytes([src[2 * i], src[2 * i + 1]]);
+            out[i] = if bf16 {
+                f32::from_bits((bits as u32) << 16)
+            } else {
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+            };
+            i += 1;
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,7 +1,7 @@
 //! `aphro launch render MODEL`: the GPU-less frontend (render, derender, tokenize, models,
 //! health, version, metrics). Loads the tokenizer and template only, never weights.
 use super::server_args::{
-    build_renderer, resolve_model_arg, served_names, FrontendArgs, ServerArgs,
+    build_derenderer, build_renderer, resolve_model_arg, served_names, FrontendArgs, ServerArgs,
 };
 use crate::server::{self, AppState, Role, ServerSettings};
 use anyhow::Context;
@@ -23,6 +23,9 @@ pub struct RenderArgs {
     pub server: ServerArgs,
     #[command(flatten)]
     pub frontend: FrontendArgs,
+    /// Context length (default: from the model files).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
 }
 
 pub fn run(cmd: LaunchCommand) -> anyhow::Result<ExitCode> {
@@ -41,7 +44,18 @@ fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
             .as_deref()
             .unwrap_or(aphro_core::default_model::DEFAULT_MODEL_NAME),
     );
-    let renderer = Arc::new(build_renderer(model, &args.frontend, &served)?);
+    let renderer = Arc::new(build_renderer(
+        model.clone(),
+        &args.frontend,
+        &served,
+        args.max_model_len,
+    )?);
+    let derenderer = Arc::new(build_derenderer(
+        model,
+        &args.frontend,
+        &served,
+        args.max_model_len,
+    )?);
     let settings = ServerSettings {
         role: Role::Render,
         served_model_names: served,
@@ -51,7 +65,9 @@ fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         enable_request_id_headers: args.server.enable_request_id_headers,
         max_body_bytes: args.server.max_request_body_bytes,
     };
-    let state = AppState::new(settings).with_renderer(renderer);
+    let state = AppState::new(settings)
+        .with_renderer(renderer)
+        .with_derenderer(derenderer);
     server::run_blocking(
         state,
         &args.server.host,

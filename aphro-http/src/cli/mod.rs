@@ -6,8 +6,10 @@ pub mod parse;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod bench;
 pub mod derender;
 pub mod detokenize;
+pub mod generate;
 pub(crate) mod io;
 pub mod launch;
 pub mod render;
@@ -42,6 +44,11 @@ pub enum Command {
     Tokenize(tokenize::Args),
     /// Detokenize a `/detokenize` body, offline.
     Detokenize(detokenize::Args),
+    /// Run GenerateRequest bodies (the render output) through the engine, offline; with
+    /// `--jsonl` the whole file is one batch.
+    Generate(generate::Args),
+    /// Engine throughput: prefill, batch-1 decode and aggregate decode tok/s.
+    Bench(bench::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -56,5 +63,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Derender(args) => derender::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Detokenize(args) => detokenize::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

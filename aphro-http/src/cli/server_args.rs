@@ -1,6 +1,7 @@
 //! Flags shared by the server subcommands (`aphro serve`, `aphro launch render`), named as
 //! vLLM names them so existing launch scripts carry over.
 use anyhow::Context;
+use aphro_core::derenderer::{DerenderOptions, Derenderer};
 use aphro_core::{ContentFormat, Model, RenderOptions, Renderer};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -51,9 +52,6 @@ pub struct FrontendArgs {
     /// Let the model choose tool calls when `tool_choice` is `auto`.
     #[arg(long)]
     pub enable_auto_tool_choice: bool,
-    /// Context length (default: from the model files).
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
 }
 
 /// The model to serve: the argument, or the embedded default.
@@ -80,6 +78,7 @@ pub fn build_renderer(
     model: Arc<Model>,
     front: &FrontendArgs,
     served: &[String],
+    max_model_len: Option<usize>,
 ) -> anyhow::Result<Renderer> {
     let chat_template = match &front.chat_template {
         Some(p) => {
@@ -87,12 +86,23 @@ pub fn build_renderer(
         }
         None => None,
     };
+    let hooks: Option<Arc<dyn aphro_core::RenderHooks>> =
+        if front.tool_call_parser.is_some() || front.reasoning_parser.is_some() {
+            Some(Arc::new(aphro_core::parser_hooks::ParserHooks::new(
+                model.clone(),
+                front.tool_call_parser.as_deref(),
+                front.reasoning_parser.as_deref(),
+            )))
+        } else {
+            None
+        };
     let mut options = RenderOptions {
+        hooks,
         chat_template,
         content_format: front
             .chat_template_content_format
             .parse::<ContentFormat>()?,
-        max_model_len: front.max_model_len,
+        max_model_len,
         served_model_names: Some(served.to_vec()),
         ..RenderOptions::default()
     };
@@ -102,4 +112,23 @@ pub fn build_renderer(
         options.default_chat_template_kwargs.extend(extra);
     }
     Ok(Renderer::new(model, options)?)
+}
+
+pub fn build_derenderer(
+    model: Arc<Model>,
+    front: &FrontendArgs,
+    served: &[String],
+    max_model_len: Option<usize>,
+) -> anyhow::Result<Derenderer> {
+    Ok(Derenderer::new(
+        model,
+        DerenderOptions {
+            served_model_name: served.first().cloned(),
+            tool_call_parser: front.tool_call_parser.clone(),
+            reasoning_parser: front.reasoning_parser.clone(),
+            enable_auto_tool_choice: front.enable_auto_tool_choice,
+            max_model_len,
+            ..DerenderOptions::default()
+        },
+    )?)
 }

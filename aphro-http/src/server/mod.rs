@@ -10,6 +10,8 @@
 //! # }
 //! ```
 mod common;
+pub mod engine;
+pub mod openai;
 pub mod render;
 
 use crate::auth::{require_api_key, ApiKeys};
@@ -75,11 +77,25 @@ pub struct AppState {
     pub created: u64,
     /// Present unless the server runs `--tokens-only`.
     pub renderer: Option<Arc<aphro_core::Renderer>>,
+    /// Present unless the server runs `--tokens-only`.
+    pub derenderer: Option<Arc<aphro_core::derenderer::Derenderer>>,
+    /// Present on `aphro serve` (with or without `--tokens-only`).
+    pub engine: Option<Arc<aphro_engine::serving::ServingEngine>>,
 }
 
 impl AppState {
     pub fn with_renderer(mut self, renderer: Arc<aphro_core::Renderer>) -> Self {
         self.renderer = Some(renderer);
+        self
+    }
+
+    pub fn with_derenderer(mut self, derenderer: Arc<aphro_core::derenderer::Derenderer>) -> Self {
+        self.derenderer = Some(derenderer);
+        self
+    }
+
+    pub fn with_engine(mut self, engine: Arc<aphro_engine::serving::ServingEngine>) -> Self {
+        self.engine = Some(engine);
         self
     }
 
@@ -95,6 +111,8 @@ impl AppState {
             health: Arc::new(Health::default()),
             created: unix_now(),
             renderer: None,
+            derenderer: None,
+            engine: None,
         }
     }
 
@@ -121,10 +139,52 @@ pub fn router(state: AppState) -> Router {
     let limit = BodyLimit(state.settings.max_body_bytes);
     let keys = ApiKeys::new(state.settings.api_keys.clone());
     let mut app = common::routes();
-    if matches!(state.settings.role, Role::Render | Role::Full) {
+    let role = state.settings.role;
+    if matches!(role, Role::Render | Role::Full) {
         app = app.merge(render::routes());
     }
+    if matches!(role, Role::TokensOnly | Role::Full) {
+        app = app.merge(engine::routes(role == Role::TokensOnly));
+    }
+    if role == Role::Full {
+        app = app.merge(openai::routes());
+    }
+    let metrics = state.metrics.clone();
+    let echo_request_id = state.settings.enable_request_id_headers;
     app.fallback(route_not_found)
+        .layer(middleware::from_fn(
+            move |req: Request, next: Next| async move {
+                // --enable-request-id-headers: echo X-Request-Id, or a fresh uuid4 hex (§1.5).
+                let given = req.headers().get("x-request-id").cloned();
+                let mut resp = next.run(req).await;
+                if echo_request_id {
+                    let value = given.or_else(|| {
+                        axum::http::HeaderValue::from_str(
+                            &uuid::Uuid::new_v4().simple().to_string(),
+                        )
+                        .ok()
+                    });
+                    if let Some(v) = value {
+                        resp.headers_mut().insert("x-request-id", v);
+                    }
+                }
+                resp
+            },
+        ))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            let metrics = metrics.clone();
+            async move {
+                let method = req.method().as_str().to_owned();
+                let handler = req
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .map(|p| p.as_str().to_owned())
+                    .unwrap_or_else(|| "none".to_owned());
+                let resp = next.run(req).await;
+                metrics.observe_http(&method, resp.status().as_u16(), &handler);
+                resp
+            }
+        }))
         .layer(middleware::from_fn_with_state(keys, require_api_key))
         .layer(middleware::from_fn(
             move |mut req: Request, next: Next| async move {

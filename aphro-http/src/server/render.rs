@@ -6,6 +6,11 @@
 use super::AppState;
 use crate::error::{json_response, ApiError};
 use crate::extract::JsonBody;
+use aphro_core::derenderer::Derenderer;
+use aphro_core::protocol::derender::{
+    parse_derender_chat_body, parse_derender_completion_body, DerenderChatBody,
+    DerenderCompletionBody,
+};
 use aphro_core::protocol::{DetokenizeRequest, TokenizeRequest};
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::Renderer;
@@ -21,6 +26,8 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/chat/completions/render", post(render_chat))
         .route("/v1/completions/render", post(render_completion))
+        .route("/v1/chat/completions/derender", post(derender_chat))
+        .route("/v1/completions/derender", post(derender_completion))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
 }
@@ -92,4 +99,57 @@ async fn detokenize(
     let renderer = renderer(&state)?;
     let out = renderer.detokenize(&req)?;
     Ok(json_response(StatusCode::OK, &to_json(&out)?))
+}
+
+pub(crate) fn derenderer(state: &AppState) -> Result<&Arc<Derenderer>, ApiError> {
+    state.derenderer.as_ref().ok_or_else(|| {
+        ApiError::not_implemented(
+            "This server has no derenderer (it was started with --tokens-only).",
+        )
+    })
+}
+
+/// Run CPU-bound library work off the async reactor and flatten its errors.
+async fn blocking<T, F>(f: F) -> Result<T, ApiError>
+where
+    F: FnOnce() -> aphro_core::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    Ok(tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??)
+}
+
+async fn derender_chat(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let d = derenderer(&state)?.clone();
+    let out = blocking(move || {
+        Ok(match parse_derender_chat_body(&body)? {
+            DerenderChatBody::Full(r) => serde_json::to_value(d.derender_chat(*r)?),
+            DerenderChatBody::Stream(r) => serde_json::to_value(d.derender_chat_stream(*r)?),
+        })
+    })
+    .await?
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+async fn derender_completion(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let d = derenderer(&state)?.clone();
+    let out = blocking(move || {
+        Ok(match parse_derender_completion_body(&body)? {
+            DerenderCompletionBody::Full(r) => serde_json::to_value(d.derender_completion(*r)?),
+            DerenderCompletionBody::Stream(r) => {
+                serde_json::to_value(d.derender_completion_stream(*r)?)
+            }
+        })
+    })
+    .await?
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &out))
 }

@@ -1,0 +1,877 @@
+//! The serving layer: `GenerateRequest` in, `GenerateResponse` / stream events out.
+//!
+//! [`ServingEngine`] loads the model runner (and, unless `tokens_only`, the tokenizer and
+//! `generation_config.json` defaults through [`aphro_core::Model`]), starts the [`Engine`],
+//! and implements `POST /inference/v1/generate` of `spec/api.md` §4 as a plain Rust API so
+//! the HTTP server, the CLI and the Python bindings share it:
+//!
+//! * [`ServingEngine::parse_request`]: JSON body → `GenerateRequest`, remembering which
+//!   `sampling_params` keys were absent (§10: `max_tokens` recomputed, generation_config
+//!   defaults applied);
+//! * [`ServingEngine::generate`]: the §4.1 handler checks in vLLM's order, then submits;
+//!   the returned [`ServingStream`] yields §4.3 events or collects the §4.2 response;
+//! * [`ServingEngine::abort`], [`ServingEngine::metrics`], [`ServingEngine::is_healthy`].
+//!
+//! Text mode (`output_mode: "text"`) detokenizes incrementally with stop strings; a stop
+//! string ends the choice and, once every choice of the request ended, aborts the engine
+//! request so its KV blocks are freed at once.
+
+pub mod text;
+pub mod wire;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use aphro_core::detokenizer::{token_text, DetokenizeOptions};
+use aphro_core::model::GenerationDefaults;
+use aphro_core::protocol::GenerateRequest;
+use aphro_core::{Model, Tokenizer};
+use futures::{Stream, StreamExt};
+use serde_json::{json, Map, Value};
+
+use crate::engine::{Engine, EngineConfig, EngineError, GenerateStream};
+use crate::metrics::MetricsSnapshot;
+use crate::model::{load_runner, resolve_model_path, ModelDType, ModelLoadConfig};
+use crate::request::{
+    EngineRequest, PositionLogprobs, SamplingConfig, ValidationError, MAX_N_SEQUENCES,
+};
+use text::{ChoiceDelta, ChoiceState, TextSpec};
+use wire::*;
+
+/// Everything needed to start a [`ServingEngine`] (vLLM's engine flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServingConfig {
+    /// A `.gguf` file, an HF model directory, or a hub id in the local cache.
+    pub model: String,
+    pub dtype: ModelDType,
+    /// Bytes of the paged KV cache (`--kv-cache-memory`).
+    pub kv_cache_memory: usize,
+    /// Tokens per KV block (`--block-size`).
+    pub block_size: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    pub enable_prefix_caching: bool,
+    /// `None` = the model's context, clamped to what the KV cache holds.
+    pub max_model_len: Option<usize>,
+    /// `--max-logprobs` (-1 = vocabulary size).
+    pub max_logprobs: i64,
+    /// Seeds requests without their own `seed` (`--seed`); `None` = OS entropy.
+    pub seed: Option<u64>,
+    /// The name `model` must match and responses report; default: `model`.
+    pub served_model_name: Option<String>,
+    /// `--tokens-only`: no tokenizer, `output_mode="tokens"` only, no stop strings.
+    pub tokens_only: bool,
+}
+
+impl Default for ServingConfig {
+    fn default() -> Self {
+        let e = EngineConfig::default();
+        Self {
+            model: String::new(),
+            dtype: ModelDType::Auto,
+            kv_cache_memory: 256 << 20,
+            block_size: 16,
+            max_num_batched_tokens: e.max_num_batched_tokens,
+            max_num_seqs: e.max_num_seqs,
+            enable_prefix_caching: e.enable_prefix_caching,
+            max_model_len: None,
+            max_logprobs: e.max_logprobs,
+            seed: None,
+            served_model_name: None,
+            tokens_only: false,
+        }
+    }
+}
+
+/// A request that failed (an HTTP status with vLLM's error envelope, §1.2) or a startup
+/// failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ServingError {
+    /// Request validation / handler checks (400 / 404), with aphro-core's envelope rules.
+    #[error(transparent)]
+    Request(#[from] aphro_core::Error),
+    /// The engine rejected or failed the request.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The model or tokenizer could not be loaded / the engine not started.
+    #[error("{0}")]
+    Load(String),
+}
+
+impl ServingError {
+    fn bad_request(msg: impl Into<String>) -> Self {
+        ServingError::Request(aphro_core::Error::bad_request(msg))
+    }
+
+    fn validation(msg: impl Into<String>, param: &str) -> Self {
+        ServingError::Request(aphro_core::Error::validation(msg, Some(param)))
+    }
+
+    /// The HTTP status (`error.code`).
+    pub fn status(&self) -> u16 {
+        match self {
+            ServingError::Request(e) => e.status(),
+            ServingError::Engine(EngineError::InvalidRequest(_))
+            | ServingError::Engine(EngineError::DuplicateRequestId(_)) => 400,
+            ServingError::Engine(EngineError::Dead(_)) => 503,
+            ServingError::Engine(_) | ServingError::Load(_) => 500,
+        }
+    }
+
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            ServingError::Request(e) => e.error_type(),
+            ServingError::Engine(EngineError::InvalidRequest(_))
+            | ServingError::Engine(EngineError::DuplicateRequestId(_)) => "BadRequestError",
+            ServingError::Engine(EngineError::Dead(_)) => "ServiceUnavailableError",
+            ServingError::Engine(_) | ServingError::Load(_) => "InternalServerError",
+        }
+    }
+
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            ServingError::Request(e) => e.param(),
+            ServingError::Engine(EngineError::InvalidRequest(ValidationError::Param {
+                param,
+                ..
+            })) => *param,
+            _ => None,
+        }
+    }
+
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    pub fn to_envelope(&self) -> Value {
+        json!({"error": {
+            "message": self.to_string(),
+            "type": self.error_type(),
+            "param": self.param(),
+            "code": self.status(),
+        }})
+    }
+}
+
+/// The three generate output modes (§4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    Tokens,
+    Text,
+    Derender,
+}
+
+impl OutputMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "tokens" => Some(Self::Tokens),
+            "text" => Some(Self::Text),
+            "derender" => Some(Self::Derender),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tokens => "tokens",
+            Self::Text => "text",
+            Self::Derender => "derender",
+        }
+    }
+}
+
+/// The engine behind `/inference/v1/generate`. All methods take `&self`; share it in an `Arc`.
+pub struct ServingEngine {
+    engine: Engine,
+    tokenizer: Option<Arc<Tokenizer>>,
+    defaults: GenerationDefaults,
+    /// generation_config EOS ids the weights' config did not list (stop like stop ids).
+    extra_eos: Vec<u32>,
+    served_model_name: String,
+    tokens_only: bool,
+    model_path: PathBuf,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl ServingEngine {
+    /// Load the model (and tokenizer) and start the engine thread.
+    pub fn new(cfg: ServingConfig) -> Result<Self, ServingError> {
+        if cfg.model.is_empty() {
+            return Err(ServingError::Load("no model given".into()));
+        }
+        let model_path = resolve_model_path(Path::new(&cfg.model))
+            .map_err(|e| ServingError::Load(e.to_string()))?;
+        let runner = load_runner(&ModelLoadConfig {
+            model_path: model_path.clone(),
+            dtype: cfg.dtype,
+            cache_bytes: cfg.kv_cache_memory,
+            block_size: cfg.block_size,
+        })
+        .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))?;
+        // The tokenizer side: required for text mode; a tokens-only server still reads
+        // generation_config defaults when it can.
+        let spec = model_path.to_string_lossy().into_owned();
+        let core_model = match Model::load(&spec) {
+            Ok(m) => Some(m),
+            Err(e) if !cfg.tokens_only => {
+                return Err(ServingError::Load(format!(
+                    "loading the tokenizer of {}: {e}",
+                    cfg.model
+                )))
+            }
+            Err(_) => None,
+        };
+        let runner_eos = runner.info().eos_token_ids.clone();
+        let engine = Engine::new(
+            runner,
+            EngineConfig {
+                max_num_batched_tokens: cfg.max_num_batched_tokens,
+                max_num_seqs: cfg.max_num_seqs,
+                enable_prefix_caching: cfg.enable_prefix_caching,
+                max_model_len: cfg.max_model_len,
+                max_logprobs: cfg.max_logprobs,
+                seed: cfg.seed,
+            },
+        )?;
+        let (tokenizer, defaults, extra_eos) = match core_model {
+            Some(m) => {
+                let extra: Vec<u32> = m
+                    .eos_token_ids
+                    .iter()
+                    .copied()
+                    .filter(|e| !runner_eos.contains(e))
+                    .collect();
+                let tok = (!cfg.tokens_only).then(|| Arc::new(m.tokenizer));
+                (tok, m.generation_defaults, extra)
+            }
+            None => (None, GenerationDefaults::default(), Vec::new()),
+        };
+        Ok(Self {
+            engine,
+            tokenizer,
+            defaults,
+            extra_eos,
+            served_model_name: cfg.served_model_name.unwrap_or(cfg.model),
+            tokens_only: cfg.tokens_only,
+            model_path,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn served_model_name(&self) -> &str {
+        &self.served_model_name
+    }
+
+    pub fn model_path(&self) -> &Path {
+        &self.model_path
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.engine.max_model_len()
+    }
+
+    pub fn generation_defaults(&self) -> &GenerationDefaults {
+        &self.defaults
+    }
+
+    /// Abort requests by their generate id (`generate-tokens-…`, §4.4). Unknown ids are
+    /// ignored. Their streams finish with `finish_reason: "abort"`.
+    pub fn abort<S: AsRef<str>>(&self, request_ids: &[S]) {
+        for id in request_ids {
+            self.engine.abort(id.as_ref());
+        }
+    }
+
+    /// Metrics as of the last engine step (for `/metrics`).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.engine.metrics()
+    }
+
+    /// Metrics after every earlier call (aborts included) took effect.
+    pub fn metrics_synced(&self) -> MetricsSnapshot {
+        self.engine.metrics_synced()
+    }
+
+    /// False once a model failure killed the engine (`/health` → 503).
+    pub fn is_healthy(&self) -> bool {
+        self.engine.is_healthy()
+    }
+
+    /// Abort everything in flight and stop the engine thread.
+    pub fn shutdown(&self) {
+        self.engine.shutdown();
+    }
+
+    /// Decode a JSON body into a `GenerateRequest` (structural errors → 400 "Bad Request").
+    /// Keys absent from `sampling_params` get the generation_config default (§10), and an
+    /// absent `max_tokens` becomes `None` so [`Self::generate`] recomputes it.
+    pub fn parse_request(&self, body: &Value) -> Result<GenerateRequest, ServingError> {
+        let mut req = parse_generate_request(body)?;
+        let keys: HashSet<&str> = body
+            .get("sampling_params")
+            .and_then(Value::as_object)
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        let d = &self.defaults;
+        let sp = &mut req.sampling_params;
+        let set_f = |k: &str, v: Option<f64>, f: &mut f64| {
+            if let (false, Some(v)) = (keys.contains(k), v) {
+                *f = v;
+            }
+        };
+        set_f(
+            "repetition_penalty",
+            d.repetition_penalty,
+            &mut sp.repetition_penalty,
+        );
+        set_f(
+            "presence_penalty",
+            d.presence_penalty,
+            &mut sp.presence_penalty,
+        );
+        set_f(
+            "frequency_penalty",
+            d.frequency_penalty,
+            &mut sp.frequency_penalty,
+        );
+        set_f("temperature", d.temperature, &mut sp.temperature);
+        set_f("top_p", d.top_p, &mut sp.top_p);
+        set_f("min_p", d.min_p, &mut sp.min_p);
+        if let (false, Some(v)) = (keys.contains("top_k"), d.top_k) {
+            sp.top_k = v;
+        }
+        if let (false, Some(v)) = (keys.contains("skip_special_tokens"), d.skip_special_tokens) {
+            sp.skip_special_tokens = v;
+        }
+        Ok(req)
+    }
+
+    /// Run the §4.1 handler checks in vLLM's order and submit the request. Errors here are
+    /// the 400/404 answers a server sends before it commits to a response.
+    ///
+    /// `x_request_id` (the `X-Request-Id` header) replaces the body's `request_id` as the
+    /// base of `generate-tokens-<base>`. `sampling_params.max_tokens == None` means the key
+    /// was absent: it is recomputed to fill the context (capped by generation_config's
+    /// `max_new_tokens`).
+    pub fn generate(
+        &self,
+        req: GenerateRequest,
+        x_request_id: Option<&str>,
+    ) -> Result<ServingStream, ServingError> {
+        let mut req = req;
+        // Request-model validation (pydantic + SamplingParams), before the handler.
+        let mode = OutputMode::parse(&req.output_mode).ok_or_else(|| {
+            ServingError::validation(
+                format!(
+                    "1 validation error:\n  output_mode: Input should be 'tokens', 'text' or \
+                     'derender' (input: {:?})",
+                    req.output_mode
+                ),
+                "body.output_mode",
+            )
+        })?;
+        if req.token_ids.is_empty() {
+            return Err(ServingError::validation(
+                "1 validation error:\n  token_ids: List should have at least 1 item after \
+                 validation, not 0",
+                "body.token_ids",
+            ));
+        }
+        if mode != OutputMode::Tokens && !req.sampling_params.detokenize {
+            return Err(ServingError::validation(
+                format!(
+                    "1 validation error:\n  Value error, output_mode='{}' requires \
+                     sampling_params.detokenize to be true",
+                    mode.as_str()
+                ),
+                "body",
+            ));
+        }
+        let absent_max_tokens = req.sampling_params.max_tokens.is_none();
+        req.sampling_params.normalize_and_validate()?;
+        let sp = &req.sampling_params;
+        // Handler checks, in vLLM's order.
+        if let Some(m) = &req.model {
+            if m != &self.served_model_name {
+                return Err(aphro_core::Error::ModelNotFound(m.clone()).into());
+            }
+        }
+        let base = x_request_id.unwrap_or(&req.request_id);
+        let request_id = format!("generate-tokens-{base}");
+        let max_num_seqs = self.engine.max_num_seqs();
+        if sp.n > max_num_seqs as i64 {
+            return Err(ServingError::bad_request(format!(
+                "sampling_params.n must be at most the server's max_num_seqs ({max_num_seqs}), \
+                 got {}.",
+                sp.n
+            )));
+        }
+        let stream = req.stream.unwrap_or(false);
+        if stream && sp.prompt_logprob_token_ids.is_some() {
+            return Err(ServingError::bad_request(
+                "prompt_logprob_token_ids are not available when stream=true.",
+            ));
+        }
+        if self.tokens_only && !sp.stop.is_empty() {
+            return Err(ServingError::bad_request(
+                "stop strings are not supported on a --tokens-only server because \
+                 detokenization is disabled. Check stop strings on the coordinator, or use \
+                 stop_token_ids.",
+            ));
+        }
+        if mode != OutputMode::Tokens && self.tokenizer.is_none() {
+            return Err(ServingError::bad_request(format!(
+                "output_mode='{}' requires a tokenizer, but this server does not load one \
+                 (--tokens-only or --skip-tokenizer-init). Send the request to a server that \
+                 loads a tokenizer, or use output_mode='tokens'.",
+                mode.as_str()
+            )));
+        }
+        if mode == OutputMode::Derender && stream {
+            return Err(ServingError::bad_request(
+                "output_mode='derender' does not support stream=true.",
+            ));
+        }
+        let unsupported = [
+            ("logprob_token_ids", sp.logprob_token_ids.is_some()),
+            (
+                "prompt_logprob_token_ids",
+                sp.prompt_logprob_token_ids.is_some(),
+            ),
+            ("structured_outputs", sp.structured_outputs.is_some()),
+        ];
+        if let Some((name, _)) = unsupported.iter().find(|(_, set)| *set) {
+            return Err(ServingError::Request(aphro_core::Error::BadRequest {
+                message: format!("{name} is not supported by this engine yet."),
+                param: Some((*name).to_string()),
+            }));
+        }
+        let prompt_len = req.token_ids.len();
+        let max_model_len = self.engine.max_model_len();
+        if prompt_len > max_model_len {
+            return Err(aphro_core::Error::PromptTooLong {
+                prompt_len,
+                max_model_len,
+            }
+            .into());
+        }
+        let max_tokens = if absent_max_tokens {
+            // §10: fill the context, capped by the generation_config default.
+            let room = (max_model_len - prompt_len) as i64;
+            Some(self.defaults.max_tokens.map_or(room, |d| d.min(room)))
+        } else {
+            sp.max_tokens
+        };
+        let sampling = self.sampling_config(sp, max_tokens)?;
+        let ereq = EngineRequest {
+            request_id: request_id.clone(),
+            prompt_token_ids: req.token_ids.clone(),
+            sampling,
+            priority: req.priority,
+        };
+        self.engine.validate(&ereq)?;
+
+        let text_spec = match (mode, &self.tokenizer) {
+            (OutputMode::Tokens, _) | (_, None) => None,
+            (_, Some(tok)) => Some(TextSpec {
+                tokenizer: Arc::clone(tok),
+                options: DetokenizeOptions {
+                    skip_special_tokens: sp.skip_special_tokens,
+                    spaces_between_special_tokens: sp.spaces_between_special_tokens,
+                },
+                stop: sp.stop.clone(),
+                include_stop_str_in_output: sp.include_stop_str_in_output,
+                min_tokens: usize::try_from(sp.min_tokens).unwrap_or(0),
+            }),
+        };
+        let n = usize::try_from(sp.n).unwrap_or(1).max(1);
+        let choices = (0..n)
+            .map(|_| ChoiceState::new(text_spec.clone(), &req.token_ids, sp.logprobs))
+            .collect();
+        let opts = req.stream_options.unwrap_or_default();
+        let inner = self.engine.generate(ereq);
+        Ok(ServingStream {
+            inner: Some(inner),
+            request_id,
+            output_mode: mode,
+            model: self.served_model_name.clone(),
+            prompt: req.token_ids,
+            return_token_ids: req.return_token_ids.unwrap_or(false),
+            include_usage: opts.include_usage,
+            continuous_usage: opts.include_usage && opts.continuous_usage_stats,
+            choices,
+            first_event: true,
+            usage_sent: false,
+            prompt_logprobs: None,
+            want_prompt_logprobs: sp.prompt_logprobs.is_some(),
+            tokenizer: self.tokenizer.clone(),
+            kv_transfer_params: req.kv_transfer_params.clone(),
+            ec_transfer_params: req.ec_transfer_params.clone(),
+        })
+    }
+
+    /// [`Self::generate`] and wait for the whole non-streaming response (§4.2).
+    pub async fn generate_full(
+        &self,
+        req: GenerateRequest,
+        x_request_id: Option<&str>,
+    ) -> Result<GenerateResponse, ServingError> {
+        self.generate(req, x_request_id)?.collect_response().await
+    }
+
+    /// Wire `SamplingParams` (already normalized and validated) → the engine's config.
+    fn sampling_config(
+        &self,
+        sp: &aphro_core::protocol::SamplingParams,
+        max_tokens: Option<i64>,
+    ) -> Result<SamplingConfig, ServingError> {
+        let ids = |name: &str, v: &[i64]| -> Result<Vec<u32>, ServingError> {
+            v.iter()
+                .map(|&i| {
+                    u32::try_from(i).map_err(|_| {
+                        ServingError::Request(aphro_core::Error::BadRequest {
+                            message: format!(
+                                "token_id(s) [{i}] in {name} contain out-of-vocab token ids."
+                            ),
+                            param: Some(name.to_string()),
+                        })
+                    })
+                })
+                .collect()
+        };
+        let mut stop_token_ids = ids("stop_token_ids", &sp.stop_token_ids)?;
+        if !sp.ignore_eos {
+            for &e in &self.extra_eos {
+                if !stop_token_ids.contains(&e) {
+                    stop_token_ids.push(e);
+                }
+            }
+        }
+        let mut logit_bias = Vec::new();
+        for (k, v) in sp.logit_bias.iter().flatten() {
+            let id: i64 = k.parse().map_err(|_| {
+                ServingError::Request(aphro_core::Error::invalid_param(
+                    format!("logit_bias keys must be integer token ids, got {k:?}."),
+                    "logit_bias",
+                    k,
+                ))
+            })?;
+            let id = ids("logit_bias", &[id])?[0];
+            let bias = v.as_f64().ok_or_else(|| {
+                ServingError::Request(aphro_core::Error::invalid_param(
+                    "logit_bias values must be numbers.",
+                    "logit_bias",
+                    v,
+                ))
+            })?;
+            logit_bias.push((id, bias));
+        }
+        let allowed_token_ids = match &sp.allowed_token_ids {
+            Some(v) => Some(ids("allowed_token_ids", v)?),
+            None => None,
+        };
+        // vLLM tokenizes each bad word alone and with a leading space.
+        let mut bad_words_token_ids: Vec<Vec<u32>> = Vec::new();
+        if let Some(tok) = &self.tokenizer {
+            for w in &sp.bad_words {
+                for variant in [w.clone(), format!(" {}", w.trim_start())] {
+                    if let Ok(ids) = tok.encode(&variant, false) {
+                        if !ids.is_empty() && !bad_words_token_ids.contains(&ids) {
+                            bad_words_token_ids.push(ids);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(SamplingConfig {
+            n: sp.n.min(MAX_N_SEQUENCES),
+            presence_penalty: sp.presence_penalty,
+            frequency_penalty: sp.frequency_penalty,
+            repetition_penalty: sp.repetition_penalty,
+            temperature: sp.temperature,
+            top_p: sp.top_p,
+            top_k: sp.top_k,
+            min_p: sp.min_p,
+            seed: sp.seed,
+            stop_token_ids,
+            bad_words_token_ids,
+            ignore_eos: sp.ignore_eos,
+            max_tokens,
+            min_tokens: sp.min_tokens,
+            logprobs: sp.logprobs,
+            prompt_logprobs: sp.prompt_logprobs,
+            logit_bias,
+            allowed_token_ids,
+        })
+    }
+}
+
+/// Decode a generate body without a model (structural errors → 400 "Bad Request"); an absent
+/// `sampling_params.max_tokens` becomes `None`.
+pub fn parse_generate_request(body: &Value) -> Result<GenerateRequest, ServingError> {
+    let mut req: GenerateRequest = serde_json::from_value(body.clone())
+        .map_err(|e| ServingError::validation(format!("1 validation error:\n  {e}"), "body"))?;
+    let has_max = body
+        .get("sampling_params")
+        .and_then(Value::as_object)
+        .is_some_and(|m| m.contains_key("max_tokens"));
+    if !has_max {
+        req.sampling_params.max_tokens = None;
+    }
+    Ok(req)
+}
+
+/// The outputs of one generate call: §4.3 events ([`Self::next_event`],
+/// [`Self::into_events`]) or the §4.2 response ([`Self::collect_response`]). Dropping it
+/// before the end aborts the request.
+pub struct ServingStream {
+    inner: Option<GenerateStream>,
+    request_id: String,
+    output_mode: OutputMode,
+    model: String,
+    prompt: Vec<u32>,
+    return_token_ids: bool,
+    include_usage: bool,
+    continuous_usage: bool,
+    choices: Vec<ChoiceState>,
+    first_event: bool,
+    usage_sent: bool,
+    want_prompt_logprobs: bool,
+    prompt_logprobs: Option<Vec<Option<PositionLogprobs>>>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    kv_transfer_params: Option<Value>,
+    ec_transfer_params: Option<Value>,
+}
+
+impl ServingStream {
+    /// `generate-tokens-<base>`: the id to abort.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    pub fn output_mode(&self) -> OutputMode {
+        self.output_mode
+    }
+
+    /// The next choice delta, or `None` when the request is over.
+    async fn next_delta(&mut self) -> Option<Result<(usize, ChoiceDelta), ServingError>> {
+        loop {
+            let inner = self.inner.as_mut()?;
+            match inner.next().await {
+                None => {
+                    self.inner = None;
+                    return None;
+                }
+                Some(Err(e)) => {
+                    self.inner = None;
+                    return Some(Err(e.into()));
+                }
+                Some(Ok(mut out)) => {
+                    if self.want_prompt_logprobs && self.prompt_logprobs.is_none() {
+                        self.prompt_logprobs = out.prompt_logprobs.take();
+                    }
+                    let idx = out.index;
+                    let Some(delta) = self.choices.get_mut(idx).and_then(|c| c.process(out)) else {
+                        continue;
+                    };
+                    if self.choices.iter().all(|c| c.finished) {
+                        // Dropping an unfinished engine stream aborts it (a stop string
+                        // ended every choice): its blocks are freed before the next step.
+                        self.inner = None;
+                    }
+                    return Some(Ok((idx, delta)));
+                }
+            }
+        }
+    }
+
+    /// The next §4.3 stream event, or `None` after the last one. An `Err` is the final item.
+    pub async fn next_event(&mut self) -> Option<Result<GenerateStreamEvent, ServingError>> {
+        loop {
+            match self.next_delta().await {
+                Some(Err(e)) => {
+                    self.usage_sent = true;
+                    return Some(Err(e));
+                }
+                Some(Ok((idx, d))) => {
+                    let is_text = self.choices[idx].is_text();
+                    let has_text = d.text.as_deref().is_some_and(|t| !t.is_empty());
+                    if d.token_ids.is_empty() && d.finish_reason.is_none() && !has_text {
+                        continue;
+                    }
+                    let completion = self.choices[idx].completion_tokens;
+                    let prompt_token_ids =
+                        (self.first_event && self.return_token_ids).then(|| self.prompt.clone());
+                    self.first_event = false;
+                    let choice = GenerateStreamChoice {
+                        index: idx,
+                        text: if is_text {
+                            Some(d.text.unwrap_or_default())
+                        } else {
+                            None
+                        },
+                        logprobs: d.logprobs,
+                        finish_reason: d.finish_reason.map(str::to_string),
+                        stop_reason: d.stop_reason,
+                        token_ids: d.token_ids,
+                        routed_experts: None,
+                        sampling_mask: None,
+                        weight_versions: None,
+                    };
+                    return Some(Ok(GenerateStreamEvent::Chunk(GenerateStreamResponse {
+                        request_id: self.request_id.clone(),
+                        output_mode: self.output_mode.as_str().into(),
+                        choices: vec![choice],
+                        usage: self
+                            .continuous_usage
+                            .then(|| UsageInfo::new(self.prompt.len(), completion)),
+                        prompt_token_ids,
+                        mm_placeholders: None,
+                        metrics: None,
+                    })));
+                }
+                None => {
+                    if self.include_usage && !self.usage_sent {
+                        self.usage_sent = true;
+                        let completion: usize =
+                            self.choices.iter().map(|c| c.completion_tokens).sum();
+                        let u = UsageInfo::new(self.prompt.len(), completion);
+                        return Some(Ok(GenerateStreamEvent::Usage(GenerateUsageEvent {
+                            request_id: self.request_id.clone(),
+                            output_mode: self.output_mode.as_str().into(),
+                            choices: [],
+                            usage: UsageInfoSparse {
+                                prompt_tokens: u.prompt_tokens,
+                                total_tokens: u.total_tokens,
+                                completion_tokens: u.completion_tokens,
+                            },
+                        })));
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The events as a `Stream` (for SSE).
+    pub fn into_events(
+        self,
+    ) -> impl Stream<Item = Result<GenerateStreamEvent, ServingError>> + Send + 'static {
+        futures::stream::unfold(self, |mut s| async move {
+            let item = s.next_event().await?;
+            Some((item, s))
+        })
+    }
+
+    /// Wait for the end and build the §4.2 response.
+    pub async fn collect_response(mut self) -> Result<GenerateResponse, ServingError> {
+        struct Acc {
+            token_ids: Vec<u32>,
+            text: String,
+            logprobs: Option<ChoiceLogProbs>,
+            finish_reason: Option<&'static str>,
+            stop_reason: Option<StopReason>,
+        }
+        let mut accs: Vec<Acc> = (0..self.choices.len())
+            .map(|_| Acc {
+                token_ids: Vec::new(),
+                text: String::new(),
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            })
+            .collect();
+        while let Some(item) = self.next_delta().await {
+            let (idx, d) = item?;
+            let a = &mut accs[idx];
+            a.token_ids.extend(d.token_ids);
+            if let Some(t) = d.text {
+                a.text.push_str(&t);
+            }
+            if let Some(l) = d.logprobs {
+                match a.logprobs.as_mut() {
+                    Some(acc) => acc.extend(l),
+                    None => a.logprobs = Some(l),
+                }
+            }
+            if d.finish_reason.is_some() {
+                a.finish_reason = d.finish_reason;
+                a.stop_reason = d.stop_reason;
+            }
+        }
+        let mode = self.output_mode;
+        let completion: usize = accs.iter().map(|a| a.token_ids.len()).sum();
+        let choices = accs
+            .into_iter()
+            .enumerate()
+            .map(|(index, a)| GenerateChoice {
+                index,
+                text: (mode == OutputMode::Text).then(|| a.text.clone()),
+                message: (mode == OutputMode::Derender)
+                    .then(|| DerenderMessage::assistant(a.text.clone())),
+                logprobs: a.logprobs,
+                finish_reason: a.finish_reason.unwrap_or("stop").to_string(),
+                stop_reason: a.stop_reason,
+                token_ids: a.token_ids,
+                routed_experts: None,
+                sampling_mask: None,
+                weight_versions: None,
+            })
+            .collect();
+        let prompt_logprobs = self.prompt_logprobs.take().map(|v| {
+            v.iter()
+                .map(|p| {
+                    p.as_ref()
+                        .map(|p| prompt_logprob_entry(p, self.tokenizer.as_deref()))
+                })
+                .collect()
+        });
+        Ok(GenerateResponse {
+            request_id: self.request_id.clone(),
+            model: self.model.clone(),
+            created: unix_now(),
+            output_mode: mode.as_str().into(),
+            choices,
+            usage: UsageInfo::new(self.prompt.len(), completion),
+            prompt_logprobs,
+            prompt_token_id_logprobs: None,
+            prompt_token_ids: self.return_token_ids.then(|| self.prompt.clone()),
+            mm_placeholders: None,
+            metrics: None,
+            kv_transfer_params: self.kv_transfer_params.take(),
+            ec_transfer_params: self.ec_transfer_params.take(),
+        })
+    }
+}
+
+/// One `prompt_logprobs` position: `{"<id>": {"logprob", "rank", "decoded_token"}}`, the
+/// prompt token first, then the top candidates.
+fn prompt_logprob_entry(p: &PositionLogprobs, tok: Option<&Tokenizer>) -> Value {
+    let mut m = Map::new();
+    for l in std::iter::once(&p.chosen).chain(p.top.iter()) {
+        let key = l.token_id.to_string();
+        if m.contains_key(&key) {
+            continue;
+        }
+        m.insert(
+            key,
+            json!({
+                "logprob": clamp_logprob(l.logprob),
+                "rank": (l.rank != 0).then_some(l.rank),
+                "decoded_token": tok.map(|t| token_text(t.hf(), l.token_id)),
+            }),
+        );
+    }
+    Value::Object(m)
+}

