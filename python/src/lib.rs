@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod derenderer;
+mod engine;
 mod errors;
 mod model;
 mod parse;
@@ -25,6 +26,8 @@ fn aphro_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<derenderer::PyChatStream>()?;
     m.add_class::<derenderer::PyCompletionStream>()?;
     m.add_class::<parse::PyParser>()?;
+    m.add_class::<engine::PyEngine>()?;
+    m.add_class::<engine::PyEngineStream>()?;
     m.add_function(wrap_pyfunction!(parse::parse, m)?)?;
     m.add_function(wrap_pyfunction!(renderer::_bench_render_chat, m)?)?;
     m.add_function(wrap_pyfunction!(default_model_path, m)?)?;
