@@ -123,8 +123,7 @@ pub fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
 
 /// Serializes a response type and converts it.
 pub fn ser_to_py<'py, T: serde::Serialize>(py: Python<'py>, v: &T) -> PyResult<Bound<'py, PyAny>> {
-    let value = serde_json::to_value(v).map_err(|e| {
-        crate::errors::internal(py, &format!("serialization failed: {e}"))
-    })?;
+    let value = serde_json::to_value(v)
+        .map_err(|e| crate::errors::internal(py, &format!("serialization failed: {e}")))?;
     to_py(py, &value)
 }

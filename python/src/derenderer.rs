@@ -50,7 +50,9 @@ fn chat_req(py: Python<'_>, v: Option<Value>) -> PyResult<Option<ChatCompletionR
 }
 
 fn completion_req(py: Python<'_>, v: Option<Value>) -> PyResult<Option<CompletionRequest>> {
-    v.map(|v| parse_completion_request(&v)).transpose().py_err(py)
+    v.map(|v| parse_completion_request(&v))
+        .transpose()
+        .py_err(py)
 }
 
 #[pymethods]
@@ -101,7 +103,9 @@ impl PyDerenderer {
     /// `response` is either a whole derender body (`{"generate_response": ..., "chat_request":
     /// ...}`, or a streaming one with `"stream": true, "generate_chunk"`, `"stream_state"`, for
     /// which the result is `{"chunk", "stream_state"}`), or a tokens-mode generate response,
-    /// in which case `chat_request`, `prompt_token_ids` and `prompt_tokens` complete the body.
+    /// in which case `chat_request`, `prompt_token_ids` and `prompt_tokens` complete the body
+    /// (`prompt_tokens` defaulting to the generate response's `usage.prompt_tokens`, else to
+    /// the length of `prompt_token_ids`).
     ///
     /// Returns the `chat.completion` dict of `/v1/chat/completions/derender`.
     #[pyo3(signature = (response, chat_request=None, *, prompt_token_ids=None, prompt_tokens=None, model=None))]
@@ -118,10 +122,19 @@ impl PyDerenderer {
         let body = if r.get("generate_response").is_some() || r.get("generate_chunk").is_some() {
             r
         } else {
+            // Usage reports the prompt length: the caller's, else the generate response's
+            // usage, else the prompt ids' length.
+            let prompt_tokens = prompt_tokens
+                .or_else(|| r.pointer("/usage/prompt_tokens").and_then(Value::as_u64))
+                .or(prompt_token_ids.as_ref().map(|p| p.len() as u64));
             let mut b = Map::new();
             b.insert("generate_response".into(), r);
             insert_opt(&mut b, "chat_request", opt_value(chat_request)?);
-            insert_opt(&mut b, "prompt_token_ids", prompt_token_ids.map(Value::from));
+            insert_opt(
+                &mut b,
+                "prompt_token_ids",
+                prompt_token_ids.map(Value::from),
+            );
             insert_opt(&mut b, "prompt_tokens", prompt_tokens.map(Value::from));
             insert_opt(&mut b, "model", model.map(Value::from));
             Value::Object(b)
@@ -165,6 +178,10 @@ impl PyDerenderer {
                 Value::Array(a) => a,
                 other => vec![other],
             };
+            let usage_counts: Option<Vec<u64>> = list
+                .iter()
+                .map(|g| g.pointer("/usage/prompt_tokens").and_then(Value::as_u64))
+                .collect();
             let mut b = Map::new();
             b.insert("generate_responses".into(), Value::Array(list));
             insert_opt(&mut b, "completion_request", opt_value(completion_request)?);
@@ -176,10 +193,12 @@ impl PyDerenderer {
                 other => other,
             });
             insert_opt(&mut b, "prompt_token_ids", ids);
-            let counts = opt_value(prompt_tokens)?.map(|v| match v {
-                Value::Number(n) => Value::Array(vec![Value::Number(n)]),
-                other => other,
-            });
+            let counts = opt_value(prompt_tokens)?
+                .map(|v| match v {
+                    Value::Number(n) => Value::Array(vec![Value::Number(n)]),
+                    other => other,
+                })
+                .or_else(|| usage_counts.map(Value::from));
             insert_opt(&mut b, "prompt_tokens", counts);
             insert_opt(&mut b, "model", model.map(Value::from));
             Value::Object(b)
@@ -277,11 +296,7 @@ impl PyChatStream {
     fn push<'py>(&self, py: Python<'py>, chunk: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let c = chunk_from(py, chunk)?;
         let cell = &self.inner;
-        let out = py.detach(|| {
-            cell.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(&c)
-        });
+        let out = py.detach(|| cell.lock().unwrap_or_else(PoisonError::into_inner).push(&c));
         ser_to_py(py, &out.py_err(py)?)
     }
 
@@ -307,11 +322,7 @@ impl PyCompletionStream {
     fn push<'py>(&self, py: Python<'py>, chunk: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let c = chunk_from(py, chunk)?;
         let cell = &self.inner;
-        let out = py.detach(|| {
-            cell.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(&c)
-        });
+        let out = py.detach(|| cell.lock().unwrap_or_else(PoisonError::into_inner).push(&c));
         ser_to_py(py, &out.py_err(py)?)
     }
 }

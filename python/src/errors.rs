@@ -10,9 +10,7 @@ use pyo3::types::{PyDict, PyType};
 static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 fn class<'py>(py: Python<'py>, status: u16) -> PyResult<Bound<'py, PyType>> {
-    let m = ERRORS.get_or_try_init(py, || {
-        py.import("aphro._errors").map(Bound::unbind)
-    })?;
+    let m = ERRORS.get_or_try_init(py, || py.import("aphro._errors").map(Bound::unbind))?;
     let name = match status {
         400 => "BadRequestError",
         404 => "NotFoundError",
@@ -63,7 +61,10 @@ impl<T> CoreResultExt<T> for aphro_core::Result<T> {
 
 /// Deserializes a typed body from a JSON value with the HTTP extractor's error text:
 /// `1 validation error:\n  {'loc': 'body.<path>', 'msg': '<serde message>'}`, `param` the path.
-pub fn from_value<T: serde::de::DeserializeOwned>(py: Python<'_>, v: serde_json::Value) -> PyResult<T> {
+pub fn from_value<T: serde::de::DeserializeOwned>(
+    py: Python<'_>,
+    v: serde_json::Value,
+) -> PyResult<T> {
     serde_path_to_error::deserialize(v).map_err(|err| {
         let path = err.path().to_string();
         let msg = err.into_inner().to_string();

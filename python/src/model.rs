@@ -100,7 +100,10 @@ impl PyModel {
 }
 
 /// Resolves the `model` argument of every constructor.
-pub fn load_any(py: Python<'_>, model: Option<&Bound<'_, PyAny>>) -> PyResult<(String, Arc<Model>)> {
+pub fn load_any(
+    py: Python<'_>,
+    model: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(String, Arc<Model>)> {
     let spec = match model {
         None => None,
         Some(m) if m.is_none() => None,
@@ -139,11 +142,18 @@ pub fn load_any(py: Python<'_>, model: Option<&Bound<'_, PyAny>>) -> PyResult<(S
 fn load_cached(py: Python<'_>, spec: &str) -> PyResult<Arc<Model>> {
     {
         let cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(m) = cache.as_ref().and_then(|c| c.get(spec)).and_then(Weak::upgrade) {
+        if let Some(m) = cache
+            .as_ref()
+            .and_then(|c| c.get(spec))
+            .and_then(Weak::upgrade)
+        {
             return Ok(m);
         }
     }
-    let model = Arc::new(py.detach(|| Model::load(spec)).map_err(|e| errors::core(py, &e))?);
+    let model = Arc::new(
+        py.detach(|| Model::load(spec))
+            .map_err(|e| errors::core(py, &e))?,
+    );
     let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     let map = cache.get_or_insert_with(HashMap::new);
     map.retain(|_, w| w.strong_count() > 0);

@@ -122,7 +122,11 @@ impl PyParser {
     /// Feeds the next piece of generated text; returns what became certain.
     fn push<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
         let cell = &self.inner;
-        let d = py.detach(|| cell.lock().unwrap_or_else(PoisonError::into_inner).push(text));
+        let d = py.detach(|| {
+            cell.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(text)
+        });
         ser_to_py(py, &d)
     }
 

@@ -74,9 +74,7 @@ impl PyRenderer {
             served_model_names,
             ..RenderOptions::default()
         };
-        let inner = py
-            .detach(|| Renderer::new(m.clone(), options))
-            .py_err(py)?;
+        let inner = py.detach(|| Renderer::new(m.clone(), options)).py_err(py)?;
         let model = Py::new(py, PyModel { inner: m, spec })?;
         Ok(Self {
             inner: Arc::new(inner),

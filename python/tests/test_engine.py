@@ -60,6 +60,7 @@ def test_seed_round_trip_in_process(engine, renderer, derenderer, model):
     assert msg["content"] == want
     assert msg["content"].strip()
     assert resp["usage"]["completion_tokens"] == len(ids)
+    assert resp["usage"]["prompt_tokens"] == len(req["token_ids"])
     assert resp["choices"][0]["finish_reason"] == gen["choices"][0]["finish_reason"]
 
 
