@@ -17,7 +17,7 @@ pub mod stop;
 pub mod template;
 pub mod tokenizer;
 
-pub use derenderer::{Derenderer, DerenderOptions};
+pub use derenderer::{DerenderOptions, Derenderer};
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};
 pub use renderer::{RenderHooks, RenderOptions, Renderer};

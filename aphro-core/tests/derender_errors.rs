@@ -79,7 +79,10 @@ fn chat_req() -> Value {
 #[test]
 fn unknown_model_is_404() {
     let d = derenderer(false);
-    let r = chat(&d, json!({"model": "nope", "generate_response": gen(json!([1, 2]))}));
+    let r = chat(
+        &d,
+        json!({"model": "nope", "generate_response": gen(json!([1, 2]))}),
+    );
     expect_err(r, 404, "The model `nope` does not exist.");
     let r = completion(
         &d,
@@ -107,7 +110,11 @@ fn text_mode_response_is_400() {
 fn missing_chat_request_with_parser_is_400() {
     let d = derenderer(true);
     let r = chat(&d, json!({"generate_response": gen(json!([1, 2]))}));
-    expect_err(r, 400, "chat_request is required when a tool or reasoning parser is configured");
+    expect_err(
+        r,
+        400,
+        "chat_request is required when a tool or reasoning parser is configured",
+    );
 }
 
 #[test]
@@ -341,7 +348,11 @@ fn chat_shape_matches_observed_vllm() {
     let d = derenderer(true);
     let out = "Need weather</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     let mut token_ids = ids(&d, out);
-    let eos = d.model().tokenizer.token_to_id("<|im_end|>").expect("im_end");
+    let eos = d
+        .model()
+        .tokenizer
+        .token_to_id("<|im_end|>")
+        .expect("im_end");
     token_ids.push(eos);
     let n = token_ids.len();
     let prompt = ids(&d, "<|im_start|>assistant\n<think>\n");
@@ -407,7 +418,11 @@ fn chat_shape_matches_observed_vllm() {
 fn stop_token_drop_and_stop_strings() {
     let d = derenderer(false);
     let mut t = ids(&d, "Hello world. END and more");
-    let eos = d.model().tokenizer.token_to_id("<|im_end|>").expect("im_end");
+    let eos = d
+        .model()
+        .tokenizer
+        .token_to_id("<|im_end|>")
+        .expect("im_end");
     t.push(eos);
     // Stop string from the request, matched after decoding.
     let v = chat(
@@ -437,9 +452,11 @@ fn logprobs_resolve_to_chat_and_completion_shapes() {
     let t = ids(&d, "Hi there");
     let entries: Vec<Value> = t
         .iter()
-        .map(|&id| json!({"token_id": id, "logprob": -0.5, "rank": 1,
+        .map(|&id| {
+            json!({"token_id": id, "logprob": -0.5, "rank": 1,
             "top_logprobs": [{"token_id": id, "logprob": -0.5, "rank": 1},
-                             {"token_id": 0, "logprob": -2.0, "rank": 2}]}))
+                             {"token_id": 0, "logprob": -2.0, "rank": 2}]})
+        })
         .collect();
     let mut g = gen(json!(t));
     g["choices"][0]["finish_reason"] = json!("length");

@@ -272,9 +272,9 @@ fn corpus_round_trip_through_real_tokenizers() {
             for (slot, size) in [(1usize, 1usize), (2, 7)] {
                 match streamed(&d, &case, &ids, &prompt, size) {
                     Ok(got) if stream_eq(&want, &got) => e[slot] += 1,
-                    Ok(got) => failures.push(format!(
-                        "{id} stream/{size}: want {want:?}\n   got {got:?}"
-                    )),
+                    Ok(got) => {
+                        failures.push(format!("{id} stream/{size}: want {want:?}\n   got {got:?}"))
+                    }
                     Err(err) => failures.push(format!("{id} stream/{size}: error {err}")),
                 }
             }
@@ -283,7 +283,10 @@ fn corpus_round_trip_through_real_tokenizers() {
     println!("round trip per parser (one-shot / stream-1 / stream-7 of total):");
     let mut tot = [0usize; 4];
     for (p, c) in &per {
-        println!("  {p:<14} {:>3} / {:>3} / {:>3} of {:>3}", c[0], c[1], c[2], c[3]);
+        println!(
+            "  {p:<14} {:>3} / {:>3} / {:>3} of {:>3}",
+            c[0], c[1], c[2], c[3]
+        );
         for i in 0..4 {
             tot[i] += c[i];
         }

@@ -87,7 +87,10 @@ fn tokenize_then_derender_with_parsers() {
     let c = &v[0]["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls");
     assert_eq!(c["message"]["reasoning"], "Need weather");
-    assert_eq!(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        c["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
     assert_eq!(v[0]["id"], "generate-tokens-chatcmpl-abc");
 }
 

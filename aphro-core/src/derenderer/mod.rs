@@ -357,13 +357,20 @@ impl Derenderer {
             Error::invalid_param(
                 format!("invalid tool_choice: {e}"),
                 "tool_choice",
-                req.tool_choice.as_ref().map(|v| v.to_string()).unwrap_or_default(),
+                req.tool_choice
+                    .as_ref()
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
             )
         })?;
         let tools: Vec<Value> = req
             .tools
             .as_ref()
-            .map(|t| t.iter().filter_map(|t| serde_json::to_value(t).ok()).collect())
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| serde_json::to_value(t).ok())
+                    .collect()
+            })
             .unwrap_or_default();
         let named = matches!(tool_choice, ToolChoice::Named(_));
         let forced = named || tool_choice == ToolChoice::Required;
@@ -741,7 +748,10 @@ impl Derenderer {
     // Completions, non-streaming.
 
     /// `POST /v1/completions/derender` (non-streaming, §7).
-    pub fn derender_completion(&self, req: DerenderCompletionRequest) -> Result<CompletionResponse> {
+    pub fn derender_completion(
+        &self,
+        req: DerenderCompletionRequest,
+    ) -> Result<CompletionResponse> {
         let model = self.check_model(req.model.as_deref())?;
         let n = req.generate_responses.len();
         if n == 0 {
@@ -785,9 +795,9 @@ impl Derenderer {
         let ctx = self.completion_context(req.completion_request.as_ref());
         let mut prompt_sum: u64 = 0;
         for p in req.prompt_tokens.iter().flatten() {
-            prompt_sum = prompt_sum
-                .checked_add(*p)
-                .ok_or_else(|| Error::invalid_param("prompt_tokens overflow", "prompt_tokens", p))?;
+            prompt_sum = prompt_sum.checked_add(*p).ok_or_else(|| {
+                Error::invalid_param("prompt_tokens overflow", "prompt_tokens", p)
+            })?;
         }
         let mut completion_sum: u64 = 0;
         let mut choices = Vec::with_capacity(total_choices);

@@ -69,9 +69,7 @@ impl Decode {
             .checked_add(ids.len() as u64)
             .filter(|&t| t <= mml)
             .ok_or_else(|| {
-                Error::bad_request(format!(
-                    "stream output exceeds max_model_len={mml} tokens"
-                ))
+                Error::bad_request(format!("stream output exceeds max_model_len={mml} tokens"))
             })?;
         if self.finished {
             self.tokens = total;
@@ -294,7 +292,10 @@ impl ChatDerenderStream {
             )));
         }
         let (choices, usage) = match chunk.choices.first() {
-            None => (Vec::new(), Some(usage_chunk_usage(self.prompt_tokens, chunk)?)),
+            None => (
+                Vec::new(),
+                Some(usage_chunk_usage(self.prompt_tokens, chunk)?),
+            ),
             Some(c) => {
                 self.d.check_choices(std::slice::from_ref(c), true)?;
                 let usage = match &chunk.usage {
@@ -497,7 +498,10 @@ impl CompletionDerenderStream {
             )));
         }
         let (choices, usage) = match chunk.choices.first() {
-            None => (Vec::new(), Some(usage_chunk_usage(self.prompt_tokens, chunk)?)),
+            None => (
+                Vec::new(),
+                Some(usage_chunk_usage(self.prompt_tokens, chunk)?),
+            ),
             Some(c) => {
                 self.d.check_choices(std::slice::from_ref(c), true)?;
                 let usage = match &chunk.usage {
@@ -584,17 +588,19 @@ impl CompletionDerenderStream {
 /// Checks a client-carried state and returns the generated-token count it stands for.
 fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
     let bad = |m: String| Error::bad_request(format!("invalid stream_state: {m}"));
-    let sum = s
-        .output_chunk_lens
-        .iter()
-        .try_fold(0usize, |a, &n| if n == 0 { None } else { a.checked_add(n) });
+    let sum =
+        s.output_chunk_lens
+            .iter()
+            .try_fold(0usize, |a, &n| if n == 0 { None } else { a.checked_add(n) });
     if sum != Some(s.output_token_ids.len()) {
         return Err(bad(
             "output_chunk_lens must be positive and sum to len(output_token_ids)".into(),
         ));
     }
     if s.prev_tokens.len() > MAX_PREV_TOKENS {
-        return Err(bad(format!("prev_tokens has more than {MAX_PREV_TOKENS} entries")));
+        return Err(bad(format!(
+            "prev_tokens has more than {MAX_PREV_TOKENS} entries"
+        )));
     }
     if s.logprob_context_token_ids.len() > LOGPROB_CONTEXT {
         return Err(bad(format!(
@@ -625,7 +631,12 @@ fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
 }
 
 /// Limit of §6.2: prompt + earlier output + this delta ≤ max_model_len.
-fn check_total(d: &Derenderer, prompt: usize, before: u64, chunk: &GenerateStreamResponse) -> Result<()> {
+fn check_total(
+    d: &Derenderer,
+    prompt: usize,
+    before: u64,
+    chunk: &GenerateStreamResponse,
+) -> Result<()> {
     let delta = chunk
         .choices
         .first()
@@ -708,7 +719,12 @@ impl Derenderer {
         let before = check_state(self, &state)?;
         check_total(self, prompt_ids.map_or(0, <[u32]>::len), before, chunk)?;
 
-        let mut s = self.chat_stream(req.chat_request.as_ref(), chunk.request_id.clone(), prompt_ids, 0)?;
+        let mut s = self.chat_stream(
+            req.chat_request.as_ref(),
+            chunk.request_id.clone(),
+            prompt_ids,
+            0,
+        )?;
         s.model = model;
         s.prompt_tokens = req.prompt_tokens;
         s.record = true;
@@ -756,8 +772,9 @@ impl Derenderer {
                 // The request's options win over the carried ones.
                 det.skip_special_tokens = opts.skip_special_tokens;
                 det.spaces_between_special_tokens = opts.spaces_between_special_tokens;
-                dec.detok = IncrementalDetokenizer::from_state(ModelTok(self.inner().model.clone()), det)
-                    .map_err(|e| Error::bad_request(format!("invalid stream_state: {e}")))?;
+                dec.detok =
+                    IncrementalDetokenizer::from_state(ModelTok(self.inner().model.clone()), det)
+                        .map_err(|e| Error::bad_request(format!("invalid stream_state: {e}")))?;
                 dec.tokens = a.tokens;
                 dec.finished = a.finished;
             }

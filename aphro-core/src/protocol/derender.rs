@@ -206,7 +206,10 @@ fn structural(branch: &str, e: &serde_json::Error) -> Error {
     } else {
         format!("body.{branch}.{field}")
     };
-    Error::validation(format!("1 validation error:\n  {param}: {msg}"), Some(&param))
+    Error::validation(
+        format!("1 validation error:\n  {param}: {msg}"),
+        Some(&param),
+    )
 }
 
 /// Rejects a generate response whose `output_mode` is not `tokens` (§6.1: 400/val).

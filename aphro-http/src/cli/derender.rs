@@ -55,9 +55,9 @@ pub fn derender_one(d: &Derenderer, body: &Value) -> Result<Value, Value> {
     let to = |r: Result<Value, serde_json::Error>| r.unwrap_or(Value::Null);
     let result = if is_completion(body) {
         parse_derender_completion_body(body).and_then(|b| match b {
-            DerenderCompletionBody::Full(r) => {
-                d.derender_completion(*r).map(|x| to(serde_json::to_value(x)))
-            }
+            DerenderCompletionBody::Full(r) => d
+                .derender_completion(*r)
+                .map(|x| to(serde_json::to_value(x))),
             DerenderCompletionBody::Stream(r) => d
                 .derender_completion_stream(*r)
                 .map(|x| to(serde_json::to_value(x))),
