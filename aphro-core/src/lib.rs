@@ -6,6 +6,7 @@
 pub mod bench_support;
 pub mod chat_prompt;
 pub mod default_model;
+pub mod derenderer;
 pub mod detokenizer;
 pub mod error;
 pub mod gguf;
@@ -17,8 +18,10 @@ pub mod stop;
 pub mod template;
 pub mod tokenizer;
 
+pub use derenderer::{DerenderOptions, Derenderer};
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};
 pub use renderer::{RenderHooks, RenderOptions, Renderer};
 pub use template::{Clock, ContentFormat, FixedClock, SystemClock};
 pub use tokenizer::Tokenizer;
+pub mod parser_hooks;

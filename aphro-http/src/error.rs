@@ -154,3 +154,12 @@ mod tests {
         );
     }
 }
+
+impl From<aphro_core::Error> for ApiError {
+    fn from(e: aphro_core::Error) -> Self {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut out = ApiError::new(status, e.error_type(), e.to_string());
+        out.param = e.param().map(str::to_owned);
+        out
+    }
+}

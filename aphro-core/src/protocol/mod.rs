@@ -4,16 +4,21 @@
 //! serialize with nulls present unless the spec says otherwise.
 //! Submodules: [`chat`] (chat-completions request, messages, tools), [`completion`],
 //! [`sampling`] (`SamplingParams` with vLLM's validation and "omit defaults" dump),
-//! [`generate`] (`GenerateRequest`, `ParseContext`, `StreamOptions`), [`tokenize`] (§9).
+//! [`generate`] (`GenerateRequest`, `ParseContext`, `StreamOptions`), [`tokenize`] (§9),
+//! [`response`] (generate / chat / completion responses, §4.2, §8), [`derender`] (§6, §7).
 pub mod chat;
 pub mod completion;
+pub mod derender;
 pub mod generate;
+pub mod response;
 pub mod sampling;
 pub mod tokenize;
 
 pub use chat::*;
 pub use completion::*;
+pub use derender::*;
 pub use generate::*;
+pub use response::*;
 pub use sampling::*;
 pub use tokenize::*;
 

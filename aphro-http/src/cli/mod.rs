@@ -7,8 +7,15 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod bench;
+pub mod derender;
+pub mod detokenize;
 pub mod generate;
+pub(crate) mod io;
+pub mod launch;
 pub mod render;
+pub mod serve;
+pub mod server_args;
+pub mod tokenize;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,9 +36,20 @@ pub enum Command {
     Parse(parse::Args),
     /// Render one chat/completion request (or a JSONL batch) to GenerateRequest JSON, offline.
     Render(render::Args),
+    /// Launch a server role (vLLM's `vllm launch`).
+    #[command(subcommand)]
+    Launch(launch::LaunchCommand),
+    /// Derender one chat/completion derender request (or a JSONL batch) to the OpenAI response, offline.
+    Derender(derender::Args),
+    /// Tokenize a `/tokenize` body (prompt or messages), offline.
+    Tokenize(tokenize::Args),
+    /// Detokenize a `/detokenize` body, offline.
+    Detokenize(detokenize::Args),
     /// Run GenerateRequest bodies (the render output) through the engine, offline; with
     /// `--jsonl` the whole file is one batch.
     Generate(generate::Args),
+    /// Serve the OpenAI API + render/derender/generate; with --tokens-only the engine alone.
+    Serve(serve::Args),
     /// Engine throughput: prefill, batch-1 decode and aggregate decode tok/s.
     Bench(bench::Args),
 }
@@ -44,7 +62,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Parse(args) => parse::run(args),
         Command::Render(args) => render::run(args),
+        Command::Launch(cmd) => launch::run(cmd),
+        Command::Derender(args) => derender::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Detokenize(args) => detokenize::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
     }
 }

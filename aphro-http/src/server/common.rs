@@ -22,6 +22,13 @@ pub fn routes() -> Router<AppState> {
 }
 
 async fn health(State(state): State<AppState>) -> Response {
+    if let Some(engine) = &state.engine {
+        if !engine.is_healthy() {
+            state
+                .health
+                .mark_dead("the engine failed and stopped serving");
+        }
+    }
     match state.health.fatal_reason() {
         None => StatusCode::OK.into_response(),
         Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
@@ -67,9 +74,15 @@ async fn models(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, TEXT_CONTENT_TYPE)],
-        state.metrics.render(),
-    )
-        .into_response()
+    let mut text = state.metrics.render();
+    if let Some(engine) = &state.engine {
+        let name = state
+            .settings
+            .served_model_names
+            .first()
+            .map(String::as_str)
+            .unwrap_or("");
+        text.push_str(&crate::metrics::engine_exposition(&engine.metrics(), name));
+    }
+    ([(header::CONTENT_TYPE, TEXT_CONTENT_TYPE)], text).into_response()
 }

@@ -10,6 +10,10 @@
 //! # }
 //! ```
 mod common;
+pub mod engine;
+pub mod openai;
+pub mod render;
+pub mod unsupported;
 
 use crate::auth::{require_api_key, ApiKeys};
 use crate::error::route_not_found;
@@ -72,9 +76,30 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub created: u64,
+    /// Present unless the server runs `--tokens-only`.
+    pub renderer: Option<Arc<aphro_core::Renderer>>,
+    /// Present unless the server runs `--tokens-only`.
+    pub derenderer: Option<Arc<aphro_core::derenderer::Derenderer>>,
+    /// Present on `aphro serve` (with or without `--tokens-only`).
+    pub engine: Option<Arc<aphro_engine::serving::ServingEngine>>,
 }
 
 impl AppState {
+    pub fn with_renderer(mut self, renderer: Arc<aphro_core::Renderer>) -> Self {
+        self.renderer = Some(renderer);
+        self
+    }
+
+    pub fn with_derenderer(mut self, derenderer: Arc<aphro_core::derenderer::Derenderer>) -> Self {
+        self.derenderer = Some(derenderer);
+        self
+    }
+
+    pub fn with_engine(mut self, engine: Arc<aphro_engine::serving::ServingEngine>) -> Self {
+        self.engine = Some(engine);
+        self
+    }
+
     pub fn new(settings: ServerSettings) -> Self {
         let name = settings
             .served_model_names
@@ -86,6 +111,9 @@ impl AppState {
             settings: Arc::new(settings),
             health: Arc::new(Health::default()),
             created: unix_now(),
+            renderer: None,
+            derenderer: None,
+            engine: None,
         }
     }
 
@@ -111,8 +139,53 @@ pub fn unix_now() -> u64 {
 pub fn router(state: AppState) -> Router {
     let limit = BodyLimit(state.settings.max_body_bytes);
     let keys = ApiKeys::new(state.settings.api_keys.clone());
-    common::routes()
-        .fallback(route_not_found)
+    let mut app = common::routes();
+    let role = state.settings.role;
+    if matches!(role, Role::Render | Role::Full) {
+        app = app.merge(render::routes());
+    }
+    if matches!(role, Role::TokensOnly | Role::Full) {
+        app = app.merge(engine::routes(role == Role::TokensOnly));
+    }
+    if role == Role::Full {
+        app = app.merge(openai::routes());
+    }
+    let metrics = state.metrics.clone();
+    let echo_request_id = state.settings.enable_request_id_headers;
+    app.fallback(route_not_found)
+        .layer(middleware::from_fn(
+            move |req: Request, next: Next| async move {
+                // --enable-request-id-headers: echo X-Request-Id, or a fresh uuid4 hex (§1.5).
+                let given = req.headers().get("x-request-id").cloned();
+                let mut resp = next.run(req).await;
+                if echo_request_id {
+                    let value = given.or_else(|| {
+                        axum::http::HeaderValue::from_str(
+                            &uuid::Uuid::new_v4().simple().to_string(),
+                        )
+                        .ok()
+                    });
+                    if let Some(v) = value {
+                        resp.headers_mut().insert("x-request-id", v);
+                    }
+                }
+                resp
+            },
+        ))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            let metrics = metrics.clone();
+            async move {
+                let method = req.method().as_str().to_owned();
+                let handler = req
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .map(|p| p.as_str().to_owned())
+                    .unwrap_or_else(|| "none".to_owned());
+                let resp = next.run(req).await;
+                metrics.observe_http(&method, resp.status().as_u16(), &handler);
+                resp
+            }
+        }))
         .layer(middleware::from_fn_with_state(keys, require_api_key))
         .layer(middleware::from_fn(
             move |mut req: Request, next: Next| async move {
@@ -215,4 +288,31 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("boom"));
     }
+}
+
+mod listen;
+
+/// Bind and serve until the process is stopped; builds its own multi-threaded runtime.
+pub fn run_blocking(
+    state: AppState,
+    host: &str,
+    port: u16,
+    keep_alive_s: u64,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let app = router(state);
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((host, port)).await?;
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "aphro listening");
+        eprintln!("aphro listening on http://{addr}");
+        listen::serve(
+            listener,
+            app,
+            std::time::Duration::from_secs(keep_alive_s.max(1)),
+        )
+        .await
+    })
 }

@@ -2,10 +2,16 @@
 //! `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` (no type, no fence). ARGS
 //! verbatim. Content is the text before the section only.
 use super::deepseek_v3::{CALLS_BEGIN, CALL_BEGIN, CALL_END, SEP};
-use super::{nonempty, Live, RawCall, ToolFormat, ToolOutput};
+use super::{nonempty, ClosedBlocks, EarlyScan, Live, RawCall, ToolFormat, ToolOutput};
 use crate::ParserConfig;
 
 pub struct DeepSeekV31;
+
+/// One closed call block → call (arguments verbatim).
+fn block(inner: &str, _ctx: &ParserConfig) -> Option<RawCall> {
+    let (name, args) = inner.split_once(SEP)?;
+    Some(RawCall::new(name, args))
+}
 
 impl ToolFormat for DeepSeekV31 {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
@@ -13,16 +19,24 @@ impl ToolFormat for DeepSeekV31 {
             return ToolOutput::unchanged(text);
         };
         let section = &text[s + CALLS_BEGIN.len()..];
-        let mut calls = Vec::new();
-        for (_, inner, closed) in super::blocks(section, CALL_BEGIN, CALL_END) {
-            if !closed {
-                continue;
-            }
-            if let Some((name, args)) = inner.split_once(SEP) {
-                calls.push(RawCall::new(name, args));
-            }
-        }
+        let calls = super::blocks(section, CALL_BEGIN, CALL_END)
+            .into_iter()
+            .filter(|b| b.2)
+            .filter_map(|(_, inner, _)| block(inner, _ctx))
+            .collect();
         ToolOutput::calls(nonempty(&text[..s]), calls)
+    }
+
+    /// A call is final at its `<｜tool▁call▁end｜>` (unclosed calls are dropped, later text
+    /// never changes a closed one): sent whole then.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(ClosedBlocks::new(
+            CALLS_BEGIN,
+            CALL_BEGIN,
+            CALL_END,
+            None,
+            block,
+        )))
     }
 
     fn live(&self) -> Live {

@@ -2,8 +2,10 @@
 //! array of `{"name", "arguments"}` with no closing marker. A truncated array still yields the
 //! calls read so far, the last one with its argument text up to the end of the output. Content
 //! before the marker is stripped.
-use super::{hermes::call_from_obj, stripped, Live, RawCall, ToolFormat, ToolOutput};
-use crate::pyjson::{balanced_len, decode_prefix, loads};
+use super::{
+    hermes::call_from_obj, seek, stripped, Early, EarlyScan, Live, RawCall, ToolFormat, ToolOutput,
+};
+use crate::pyjson::{balanced_len, decode_prefix, loads, Balance};
 use crate::scan::find_earliest;
 use crate::ParserConfig;
 
@@ -79,7 +81,100 @@ impl ToolFormat for Granite {
         }
     }
 
+    /// Whether the whole array decodes or is read object by object (truncated), the calls
+    /// start with the same complete objects in order; so each complete object's call is sent
+    /// at its closing brace (arguments are re-serialized, hence whole). The scan stops at
+    /// anything that is not a further object (then the rest comes at `finish()`), and the
+    /// last, unterminated object (raw argument text) is only known at the end.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(GraniteScan::default()))
+    }
+
     fn engine(&self) -> bool {
         true
+    }
+}
+
+#[derive(Debug, Default)]
+enum Phase {
+    #[default]
+    Opener,
+    /// Whitespace before the `[`.
+    Bracket,
+    /// Between objects: 0 = leading whitespace, 1 = commas, 2 = whitespace.
+    Sep(u8),
+    /// In the object starting here.
+    Obj(usize),
+    Done,
+}
+
+/// The incremental mirror of the truncated-array reading in [`Granite::parse`].
+#[derive(Debug, Default)]
+struct GraniteScan {
+    phase: Phase,
+    from: usize,
+    bal: Balance,
+}
+
+impl EarlyScan for GraniteScan {
+    fn scan(&mut self, buf: &str, _ctx: &ParserConfig, out: &mut Vec<Early>) {
+        loop {
+            match self.phase {
+                Phase::Done => return,
+                Phase::Opener => {
+                    let Some((p, i)) = seek(buf, &mut self.from, OPENERS) else {
+                        return;
+                    };
+                    self.from = p + OPENERS[i].len();
+                    self.phase = Phase::Bracket;
+                }
+                Phase::Bracket | Phase::Sep(_) => {
+                    let Some(c) = buf[self.from..].chars().next() else {
+                        return;
+                    };
+                    let n = c.len_utf8();
+                    match (&mut self.phase, c) {
+                        (Phase::Bracket, c) if c.is_whitespace() => self.from += n,
+                        (Phase::Bracket, '[') => {
+                            self.from += n;
+                            self.phase = Phase::Sep(0);
+                        }
+                        (Phase::Sep(0 | 2), c) if c.is_whitespace() => self.from += n,
+                        (Phase::Sep(s @ (0 | 1)), ',') => {
+                            *s = 1;
+                            self.from += n;
+                        }
+                        (Phase::Sep(s @ 1), c) if c.is_whitespace() => {
+                            *s = 2;
+                            self.from += n;
+                        }
+                        (Phase::Sep(_), '{') => {
+                            self.bal = Balance::default();
+                            self.phase = Phase::Obj(self.from);
+                        }
+                        _ => self.phase = Phase::Done,
+                    }
+                }
+                Phase::Obj(start) => {
+                    let fed = start + self.bal.fed();
+                    let Some(n) = self.bal.feed(&buf.as_bytes()[fed..]) else {
+                        return;
+                    };
+                    let end = start + n;
+                    if let Some(c) = loads(&buf[start..end])
+                        .as_ref()
+                        .and_then(|v| call_from_obj(v, &["arguments"]))
+                    {
+                        out.push(Early::Call {
+                            name: c.name,
+                            id: None,
+                            args: c.arguments,
+                        });
+                    }
+                    self.from = end;
+                    self.phase = Phase::Sep(0);
+                }
+            }
+        }
     }
 }

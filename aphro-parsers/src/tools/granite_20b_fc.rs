@@ -9,6 +9,8 @@ pub struct Granite20bFc;
 
 const MARK: &str = "<function_call>";
 
+// No `early()`: calls are sent at `finish()`. A later `<function_call>` whose JSON does not
+// decode voids every call (whole output as content), so no call is final before the end.
 impl ToolFormat for Granite20bFc {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let Some(first) = text.find(MARK) else {

@@ -5,7 +5,7 @@
 //! `commentary` with `to=functions.NAME` → tool call (TEXT = arguments), `commentary` without a
 //! recipient → content. `<|call|>`/`<|return|>` also end a message. Text without Harmony framing
 //! yields no content.
-use super::{RawCall, ToolFormat, ToolOutput};
+use super::{safe_end, seek, Early, EarlyScan, RawCall, ToolFormat, ToolOutput};
 use crate::ParserConfig;
 
 pub struct Harmony;
@@ -22,6 +22,27 @@ fn end_of_message(s: &str) -> Option<(usize, usize)> {
     })
 }
 
+/// Channel and recipient of a message from the text before its `<|message|>` (the header is
+/// what follows the last `<|start|>`).
+fn header_kind(header: &str) -> (&str, Option<&str>) {
+    let header = header.rsplit("<|start|>").next().unwrap_or(header);
+    let channel = header
+        .split("<|channel|>")
+        .nth(1)
+        .map(|c| {
+            c.split(|ch: char| ch.is_whitespace() || ch == '<')
+                .next()
+                .unwrap_or("")
+        })
+        .unwrap_or("");
+    let recipient = header
+        .split_whitespace()
+        .chain(header.split("<|channel|>").flat_map(str::split_whitespace))
+        .find_map(|w| w.strip_prefix("to="))
+        .map(|r| r.split("<|").next().unwrap_or(r));
+    (channel, recipient)
+}
+
 impl ToolFormat for Harmony {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let mut content: Option<String> = None;
@@ -30,27 +51,13 @@ impl ToolFormat for Harmony {
         let mut rest = text;
         while let Some(m) = rest.find("<|message|>") {
             let header = &rest[..m];
-            let header = header.rsplit("<|start|>").next().unwrap_or(header);
             let body_all = &rest[m + "<|message|>".len()..];
             let (body, next) = match end_of_message(body_all) {
                 Some((p, len)) => (&body_all[..p], &body_all[p + len..]),
                 None => (body_all, ""),
             };
             rest = next;
-            let channel = header
-                .split("<|channel|>")
-                .nth(1)
-                .map(|c| {
-                    c.split(|ch: char| ch.is_whitespace() || ch == '<')
-                        .next()
-                        .unwrap_or("")
-                })
-                .unwrap_or("");
-            let recipient = header
-                .split_whitespace()
-                .chain(header.split("<|channel|>").flat_map(str::split_whitespace))
-                .find_map(|w| w.strip_prefix("to="))
-                .map(|r| r.split("<|").next().unwrap_or(r));
+            let (channel, recipient) = header_kind(header);
             match (channel, recipient) {
                 (_, Some(r)) if r.starts_with("functions.") => {
                     calls.push(RawCall::new(&r["functions.".len()..], body));
@@ -69,6 +76,74 @@ impl ToolFormat for Harmony {
             content,
             reasoning,
             calls,
+        }
+    }
+
+    /// A message addressed to `functions.NAME` is a call whatever follows (an unterminated one
+    /// keeps its text so far), so the call is sent when its `<|message|>` ends the header, and
+    /// its verbatim body streams as argument fragments (a partial end marker is held back).
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(HarmonyScan::default()))
+    }
+}
+
+/// The incremental mirror of [`Harmony::parse`] for the calls.
+#[derive(Debug, Default)]
+struct HarmonyScan {
+    /// Start of the current message's header.
+    cursor: usize,
+    from: usize,
+    /// In a body: (where arguments sent so far end, whether this message is a call).
+    body: Option<(usize, bool)>,
+}
+
+impl EarlyScan for HarmonyScan {
+    fn scan(&mut self, buf: &str, _ctx: &ParserConfig, out: &mut Vec<Early>) {
+        loop {
+            match self.body {
+                None => {
+                    let Some((m, _)) = seek(buf, &mut self.from, &["<|message|>"]) else {
+                        return;
+                    };
+                    let body = m + "<|message|>".len();
+                    let is_call = match header_kind(&buf[self.cursor..m]) {
+                        (_, Some(r)) => match r.strip_prefix("functions.") {
+                            Some(name) => {
+                                out.push(Early::Call {
+                                    name: name.to_string(),
+                                    id: None,
+                                    args: String::new(),
+                                });
+                                true
+                            }
+                            None => false,
+                        },
+                        _ => false,
+                    };
+                    self.from = body;
+                    self.body = Some((body, is_call));
+                }
+                Some((sent, is_call)) => match seek(buf, &mut self.from, ENDS) {
+                    Some((p, i)) => {
+                        if is_call && p > sent {
+                            out.push(Early::Args(buf[sent..p].to_string()));
+                        }
+                        self.cursor = p + ENDS[i].len();
+                        self.from = self.cursor;
+                        self.body = None;
+                    }
+                    None => {
+                        if is_call {
+                            let e = safe_end(buf, sent, ENDS);
+                            if e > sent {
+                                out.push(Early::Args(buf[sent..e].to_string()));
+                                self.body = Some((e, true));
+                            }
+                        }
+                        return;
+                    }
+                },
+            }
         }
     }
 }

@@ -74,6 +74,9 @@ impl ToolFormat for Hermes {
         ToolOutput::calls(nonempty(&text[..first]), calls)
     }
 
+    // No `early()`: calls are sent at `finish()`. One malformed block anywhere — including
+    // one that has not been generated yet — turns *every* call back into content, so no call
+    // is final before the output ends.
     fn live(&self) -> Live {
         Live::Prefix {
             openers: self.open,

@@ -1,6 +1,8 @@
 //! `hunyuan_a13b`: `<tool_calls>[…JSON array of {"name","arguments"}…]</tool_calls>`; content
 //! before the block kept verbatim. Malformed → whole output as content.
-use super::{hermes::call_from_obj, nonempty, Live, ToolFormat, ToolOutput};
+use super::{
+    hermes::call_from_obj, nonempty, Close, EarlyScan, Live, ToolFormat, ToolOutput, UpTo,
+};
 use crate::pyjson::loads;
 use crate::ParserConfig;
 
@@ -36,5 +38,16 @@ impl ToolFormat for Hunyuan {
             openers: &["<tool_calls>"],
             strip: false,
         }
+    }
+
+    /// The calls depend only on the text up to the first `</tool_calls>` (the JSON array must
+    /// parse as a whole): sent when `</tool_calls>` arrives. With the `hunyuan_a13b` reasoning
+    /// parser the content itself is only known at the end of the frame, hence at `finish()`.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(UpTo::new(
+            "<tool_calls>",
+            Close::Marker("</tool_calls>"),
+            |t, c| Hunyuan.parse(t, c),
+        )))
     }
 }

@@ -2,7 +2,9 @@
 //! `{"name", "parameters"|"arguments"}`, then `<|action_end|>`; only the first call is read. Content is the text before the marker.
 //! Invalid JSON raises inside vLLM 0.33.0 (request fails); here it yields no call and the whole
 //! output as content.
-use super::{hermes::call_from_obj, nonempty, Live, ToolFormat, ToolOutput};
+use super::{
+    hermes::call_from_obj, nonempty, Close, EarlyScan, Live, ToolFormat, ToolOutput, UpTo,
+};
 use crate::pyjson::loads;
 use crate::ParserConfig;
 
@@ -31,5 +33,15 @@ impl ToolFormat for InternLm {
             openers: &["<|action_start|>"],
             strip: false,
         }
+    }
+
+    /// Only the first call is read and the JSON must parse as a whole: sent when the first
+    /// `<|action_end|>` arrives (text after it is ignored).
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(UpTo::new(
+            START,
+            Close::Marker("<|action_end|>"),
+            |t, c| InternLm.parse(t, c),
+        )))
     }
 }

@@ -1,6 +1,6 @@
 //! `jamba`: `<tool_calls>[{"name", "arguments"}, …]</tool_calls>`. Content is the text before the
 //! marker (a lone space counts as none). JSON error → no calls, whole output as content.
-use super::{hermes::call_from_obj, ToolFormat, ToolOutput};
+use super::{hermes::call_from_obj, Close, EarlyScan, ToolFormat, ToolOutput, UpTo};
 use crate::pyjson::loads;
 use crate::ParserConfig;
 
@@ -31,5 +31,15 @@ impl ToolFormat for Jamba {
         let content = &text[..s];
         let content = (!content.is_empty() && content != " ").then(|| content.to_string());
         ToolOutput::calls(content, calls)
+    }
+
+    /// The calls depend only on the text up to the first `</tool_calls>` (text after it is
+    /// ignored), but one bad element voids them all: sent when `</tool_calls>` arrives.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(UpTo::new(
+            "<tool_calls>",
+            Close::Marker("</tool_calls>"),
+            |t, c| Jamba.parse(t, c),
+        )))
     }
 }

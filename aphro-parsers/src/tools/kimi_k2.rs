@@ -7,7 +7,7 @@
 //! Bare counter ids (`0`): vLLM 0.33.0 drops the call; the later upstream fix infers the function
 //! from the tool list when exactly one tool's properties contain all argument keys. We take the
 //! fix (corpus `kimi_k2-t-bare-counter-infer` records 0.33.0; the test checks the fix).
-use super::{nonempty, Live, RawCall, ToolFormat, ToolOutput};
+use super::{nonempty, safe_end, seek, Early, EarlyScan, Live, RawCall, ToolFormat, ToolOutput};
 use crate::pyjson::loads;
 use crate::ParserConfig;
 use serde_json::Value;
@@ -91,6 +91,14 @@ impl ToolFormat for KimiK2 {
         ToolOutput::calls(nonempty(&text[..s]), calls)
     }
 
+    /// Each call stands alone and an unterminated one keeps its argument text so far, so a
+    /// call is sent as soon as `<|tool_call_argument_begin|>` ends its id, and the verbatim
+    /// arguments stream as they arrive (a partial end marker is held back). A bare counter id
+    /// needs the complete arguments to infer the function: that call is sent at its end.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(KimiScan::default()))
+    }
+
     fn live(&self) -> Live {
         Live::Prefix {
             openers: &[SECTION_BEGIN],
@@ -100,5 +108,141 @@ impl ToolFormat for KimiK2 {
 
     fn engine(&self) -> bool {
         true
+    }
+}
+
+#[derive(Debug, Default)]
+enum Phase {
+    #[default]
+    Section,
+    Between,
+    /// Inside a call's id, which starts here.
+    Id(usize),
+    /// Inside a call's arguments, which start at `start`; `stream`: the call was sent and
+    /// `sent` is where the arguments sent so far end; else a bare counter id (`Some`) or no
+    /// call.
+    Args {
+        start: usize,
+        sent: usize,
+        stream: bool,
+        bare: bool,
+    },
+    Done,
+}
+
+/// The incremental mirror of [`KimiK2::parse`].
+#[derive(Debug, Default)]
+struct KimiScan {
+    phase: Phase,
+    from: usize,
+    calls: usize,
+}
+
+impl EarlyScan for KimiScan {
+    fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
+        loop {
+            match self.phase {
+                Phase::Done => return,
+                Phase::Section => {
+                    let Some((p, _)) = seek(buf, &mut self.from, &[SECTION_BEGIN]) else {
+                        return;
+                    };
+                    self.from = p + SECTION_BEGIN.len();
+                    self.phase = Phase::Between;
+                }
+                Phase::Between => {
+                    let Some((p, i)) = seek(buf, &mut self.from, &[CALL_BEGIN, SECTION_END]) else {
+                        return;
+                    };
+                    if i == 1 {
+                        self.phase = Phase::Done;
+                    } else {
+                        self.from = p + CALL_BEGIN.len();
+                        self.phase = Phase::Id(self.from);
+                    }
+                }
+                Phase::Id(start) => {
+                    let Some((p, i)) =
+                        seek(buf, &mut self.from, &[ARG_BEGIN, CALL_END, SECTION_END])
+                    else {
+                        return;
+                    };
+                    match i {
+                        0 => {
+                            let id = buf[start..p].trim();
+                            let args = p + ARG_BEGIN.len();
+                            let mut stream = false;
+                            let mut bare = false;
+                            if let Some(name) = name_from_id(id) {
+                                out.push(Early::Call {
+                                    name: name.to_string(),
+                                    id: Some(id.to_string()),
+                                    args: String::new(),
+                                });
+                                self.calls += 1;
+                                stream = true;
+                            } else {
+                                bare = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
+                            }
+                            self.from = args;
+                            self.phase = Phase::Args {
+                                start: args,
+                                sent: args,
+                                stream,
+                                bare,
+                            };
+                        }
+                        1 => {
+                            self.from = p + CALL_END.len();
+                            self.phase = Phase::Between;
+                        }
+                        _ => self.phase = Phase::Done,
+                    }
+                }
+                Phase::Args {
+                    start,
+                    sent,
+                    stream,
+                    bare,
+                } => {
+                    let ends = [CALL_END, SECTION_END];
+                    let Some((p, i)) = seek(buf, &mut self.from, &ends) else {
+                        if stream {
+                            let e = safe_end(buf, sent, &ends);
+                            if e > sent {
+                                out.push(Early::Args(buf[sent..e].to_string()));
+                                self.phase = Phase::Args {
+                                    start,
+                                    sent: e,
+                                    stream,
+                                    bare,
+                                };
+                            }
+                        }
+                        return;
+                    };
+                    if stream && p > sent {
+                        out.push(Early::Args(buf[sent..p].to_string()));
+                    }
+                    if bare {
+                        if let Some(name) = infer_from_args(&buf[start..p], ctx) {
+                            let n = ctx.history_tool_calls + self.calls;
+                            out.push(Early::Call {
+                                id: Some(format!("functions.{name}:{n}")),
+                                name,
+                                args: buf[start..p].to_string(),
+                            });
+                            self.calls += 1;
+                        }
+                    }
+                    if i == 0 {
+                        self.from = p + CALL_END.len();
+                        self.phase = Phase::Between;
+                    } else {
+                        self.phase = Phase::Done;
+                    }
+                }
+            }
+        }
     }
 }

@@ -8,6 +8,8 @@ use crate::ParserConfig;
 
 pub struct Llama3Json;
 
+// No `early()`: calls are sent at `finish()`. Every later `{` must also decode to a call, or
+// all calls are void (whole output as content), so no call is final before the end.
 impl ToolFormat for Llama3Json {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let mut calls: Vec<RawCall> = Vec::new();

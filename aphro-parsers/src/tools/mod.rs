@@ -1,7 +1,8 @@
 //! Tool-call formats. Each format is a one-shot function over the content text
 //! ([`ToolFormat::parse`], the single source of truth) plus a [`Live`] policy saying which content
-//! may be streamed before the output ends. [`FormatStage`] is the incremental driver shared by
-//! all formats.
+//! may be streamed before the output ends, and, where calls can become final before the end, an
+//! [`EarlyScan`] that reports them as they do. [`FormatStage`] is the incremental driver shared
+//! by all formats.
 use crate::config::{ParserConfig, ToolChoice};
 use crate::scan::{find_earliest, partial_suffix_len, trailing_ws_len};
 use crate::{DeltaMessage, DeltaToolCall};
@@ -112,6 +113,250 @@ pub trait ToolFormat: Send + Sync {
     fn id_style(&self) -> IdStyle {
         IdStyle::Chatcmpl
     }
+    /// The incremental scanner that reports calls before the end of the output, for formats
+    /// where a call can become final early (see [`EarlyScan`]). `None`: calls at `finish()`.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        None
+    }
+}
+
+/// What became certain about the calls while the output is still running. Every event must
+/// agree with what [`ToolFormat::parse`] returns on the *complete* text, whatever follows:
+/// [`FormatStage`] reconciles at `finish()` by emitting only what is still missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Early {
+    /// The next call (in the format's own order, before `parallel_tool_calls` gating) exists
+    /// with this name (and format-defined id); `args` is a certain prefix of its arguments
+    /// (often `""`, or the whole string when the call is reported at its closing marker).
+    Call {
+        name: String,
+        id: Option<String>,
+        args: String,
+    },
+    /// More certain argument text of the last reported call.
+    Args(String),
+}
+
+/// A per-request incremental scanner over the growing content text. `scan` is called after each
+/// push with the whole buffer so far (it only grows); implementations keep cursors and search
+/// hints so each byte is examined a bounded number of times (linear streaming).
+pub trait EarlyScan: Send {
+    fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>);
+}
+
+/// Earliest of `markers` in `buf[*from..]` (absolute position, marker index). When none is
+/// found, `*from` moves to the first position where a marker could still start, so a later call
+/// does not rescan text already known to hold none.
+pub(crate) fn seek(buf: &str, from: &mut usize, markers: &[&str]) -> Option<(usize, usize)> {
+    let start = (*from).min(buf.len());
+    let max = markers.iter().map(|m| m.len()).max().unwrap_or(1);
+    // Search a window that doubles until it holds a match no longer marker could precede:
+    // the cost stays proportional to the distance to the match even when some marker does not
+    // occur at all (a plain search per marker would run to the end of the text for each call
+    // found in one big push, i.e. quadratic one-shot parsing).
+    let mut w = 256usize;
+    loop {
+        let mut end = start.saturating_add(w).min(buf.len());
+        while !buf.is_char_boundary(end) {
+            end += 1;
+        }
+        if let Some((p, i)) = find_earliest(&buf[start..end], markers) {
+            if end == buf.len() || start + p + max <= end {
+                return Some((start + p, i));
+            }
+        }
+        if end == buf.len() {
+            break;
+        }
+        w = w.saturating_mul(2);
+    }
+    let mut f = buf.len().saturating_sub(max.saturating_sub(1)).max(start);
+    while !buf.is_char_boundary(f) {
+        f += 1;
+    }
+    *from = f;
+    None
+}
+
+/// End of the text that cannot be the start of one of `markers` (a partial marker at the end
+/// of `buf` is held back), never before `floor`.
+pub(crate) fn safe_end(buf: &str, floor: usize, markers: &[&str]) -> usize {
+    (buf.len() - partial_suffix_len(buf, markers)).max(floor)
+}
+
+/// Formats whose calls are closed blocks `CALL_BEGIN … CALL_END` after a section opener, each
+/// call a function of its block alone (DeepSeek-V3/V3.1, Step-3): a call is reported in full
+/// when its closing marker arrives. An unclosed block is never a call in these formats, so
+/// nothing can be reported earlier.
+pub(crate) struct ClosedBlocks {
+    pub begin: &'static str,
+    pub call_begin: &'static str,
+    pub call_end: &'static str,
+    /// Section end: blocks after it are not calls (and a block it cuts is unclosed).
+    pub section_end: Option<&'static str>,
+    pub block: fn(&str, &ParserConfig) -> Option<RawCall>,
+    pub state: BlockState,
+    pub from: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlockState {
+    Begin,
+    Between,
+    Inner(usize),
+    Done,
+}
+
+impl ClosedBlocks {
+    pub(crate) fn new(
+        begin: &'static str,
+        call_begin: &'static str,
+        call_end: &'static str,
+        section_end: Option<&'static str>,
+        block: fn(&str, &ParserConfig) -> Option<RawCall>,
+    ) -> Self {
+        Self {
+            begin,
+            call_begin,
+            call_end,
+            section_end,
+            block,
+            state: BlockState::Begin,
+            from: 0,
+        }
+    }
+}
+
+impl EarlyScan for ClosedBlocks {
+    fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
+        loop {
+            match self.state {
+                BlockState::Done => return,
+                BlockState::Begin => {
+                    let Some((p, _)) = seek(buf, &mut self.from, &[self.begin]) else {
+                        return;
+                    };
+                    self.from = p + self.begin.len();
+                    self.state = BlockState::Between;
+                }
+                BlockState::Between => {
+                    let end = self.section_end.unwrap_or(self.call_begin);
+                    let Some((p, i)) = seek(buf, &mut self.from, &[self.call_begin, end]) else {
+                        return;
+                    };
+                    if i == 1 && self.section_end.is_some() {
+                        self.state = BlockState::Done;
+                    } else {
+                        self.from = p + self.call_begin.len();
+                        self.state = BlockState::Inner(self.from);
+                    }
+                }
+                BlockState::Inner(start) => {
+                    let end = self.section_end.unwrap_or(self.call_end);
+                    let Some((p, i)) = seek(buf, &mut self.from, &[self.call_end, end]) else {
+                        return;
+                    };
+                    if i == 1 && self.section_end.is_some() {
+                        self.state = BlockState::Done;
+                        continue;
+                    }
+                    if let Some(c) = (self.block)(&buf[start..p], ctx) {
+                        out.push(Early::Call {
+                            name: c.name,
+                            id: c.id,
+                            args: c.arguments,
+                        });
+                    }
+                    self.from = p + self.call_end.len();
+                    self.state = BlockState::Between;
+                }
+            }
+        }
+    }
+}
+
+/// Formats whose calls depend only on the text up to a closing point (a marker, or the end of
+/// a bracketed JSON value) while their result as a whole may still depend on more: once that
+/// point arrives, the format's own one-shot parse of the text up to it gives the final calls
+/// (jamba, hunyuan_a13b, internlm, olmo3, phi4_mini_json). Runs the parse once.
+pub(crate) struct UpTo {
+    pub open: &'static str,
+    pub close: Close,
+    pub parse: fn(&str, &ParserConfig) -> ToolOutput,
+    from: usize,
+    inner: Option<usize>,
+    bal: crate::pyjson::Balance,
+    done: bool,
+}
+
+/// Where the calls of an [`UpTo`] format become final.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Close {
+    /// The first occurrence of this marker after the opener (inclusive).
+    Marker(&'static str),
+    /// The end of the balanced JSON value starting at the last byte of the opener.
+    Bracket,
+}
+
+impl UpTo {
+    pub(crate) fn new(
+        open: &'static str,
+        close: Close,
+        parse: fn(&str, &ParserConfig) -> ToolOutput,
+    ) -> Self {
+        Self {
+            open,
+            close,
+            parse,
+            from: 0,
+            inner: None,
+            bal: Default::default(),
+            done: false,
+        }
+    }
+}
+
+impl EarlyScan for UpTo {
+    fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
+        if self.done {
+            return;
+        }
+        let inner = match self.inner {
+            Some(i) => i,
+            None => {
+                let Some((p, _)) = seek(buf, &mut self.from, &[self.open]) else {
+                    return;
+                };
+                let i = p + self.open.len();
+                self.inner = Some(i);
+                self.from = i;
+                i
+            }
+        };
+        let end = match self.close {
+            Close::Marker(m) => match seek(buf, &mut self.from, &[m]) {
+                Some((p, _)) => p + m.len(),
+                None => return,
+            },
+            Close::Bracket => {
+                // The opener ends with the bracket; balance from it.
+                let start = inner - 1 + self.bal.fed();
+                match self.bal.feed(&buf.as_bytes()[start..]) {
+                    Some(n) => inner - 1 + n,
+                    None => return,
+                }
+            }
+        };
+        self.done = true;
+        let o = (self.parse)(&buf[..end], ctx);
+        for c in o.calls {
+            out.push(Early::Call {
+                name: c.name,
+                id: c.id,
+                args: c.arguments,
+            });
+        }
+    }
 }
 
 /// The tool stage of the pipeline.
@@ -131,8 +376,9 @@ impl ToolStage for NoTools {
     fn finish(&mut self, _out: &mut DeltaMessage) {}
 }
 
-/// Incremental driver for a [`ToolFormat`]: streams the provably final content prefix, buffers
-/// the rest, parses once at `finish`, then emits the remaining content and the calls.
+/// Incremental driver for a [`ToolFormat`]: streams the provably final content prefix and the
+/// calls its [`EarlyScan`] reports as certain, buffers the rest, parses once at `finish`, then
+/// emits the remaining content, the argument tails of calls already sent, and the other calls.
 pub struct FormatStage {
     fmt: Arc<dyn ToolFormat>,
     ctx: Arc<ParserConfig>,
@@ -141,10 +387,21 @@ pub struct FormatStage {
     emitted: usize,
     scan_from: usize,
     blocked: bool,
+    /// Early call scanner (`None` with `tool_choice: "none"` or for finish-only formats).
+    early: Option<Box<dyn EarlyScan>>,
+    events: Vec<Early>,
+    /// Calls reported by the scanner so far (before gating).
+    found: usize,
+    /// Calls already sent, by index: (name, arguments sent so far).
+    sent: Vec<(String, String)>,
 }
 
 impl FormatStage {
     pub fn new(fmt: Arc<dyn ToolFormat>, ctx: Arc<ParserConfig>) -> Self {
+        let early = match ctx.tool_choice {
+            ToolChoice::None => None,
+            _ => fmt.early(),
+        };
         Self {
             fmt,
             ctx,
@@ -153,6 +410,61 @@ impl FormatStage {
             emitted: 0,
             scan_from: 0,
             blocked: false,
+            early,
+            events: Vec::new(),
+            found: 0,
+            sent: Vec::new(),
+        }
+    }
+
+    /// Runs the early scanner and sends what became certain: a call's id and name (with the
+    /// certain start of its arguments) as soon as the format makes the call final, then
+    /// argument fragments.
+    fn advance_calls(&mut self, out: &mut DeltaMessage) {
+        let Some(sc) = self.early.as_mut() else {
+            return;
+        };
+        sc.scan(&self.buf, &self.ctx, &mut self.events);
+        let limit = if self.ctx.parallel_tool_calls {
+            usize::MAX
+        } else {
+            1
+        };
+        let style = self.fmt.id_style();
+        for ev in self.events.drain(..) {
+            match ev {
+                Early::Call { name, id, args } => {
+                    let index = self.found;
+                    self.found += 1;
+                    if index >= limit {
+                        continue;
+                    }
+                    let id = id.unwrap_or_else(|| gen_id(style, index));
+                    out.tool_calls.push(DeltaToolCall {
+                        index,
+                        id: Some(id),
+                        name: Some(name.clone()),
+                        arguments: args.clone(),
+                    });
+                    self.sent.push((name, args));
+                }
+                Early::Args(a) => {
+                    let index = self.found.wrapping_sub(1);
+                    if a.is_empty() || index >= limit || index >= self.sent.len() {
+                        continue;
+                    }
+                    self.sent[index].1.push_str(&a);
+                    match out.tool_calls.last_mut() {
+                        Some(last) if last.index == index => last.arguments.push_str(&a),
+                        _ => out.tool_calls.push(DeltaToolCall {
+                            index,
+                            id: None,
+                            name: None,
+                            arguments: a,
+                        }),
+                    }
+                }
+            }
         }
     }
 
@@ -247,6 +559,7 @@ impl ToolStage for FormatStage {
         self.present = true;
         self.buf.push_str(content);
         self.advance_live(out);
+        self.advance_calls(out);
     }
 
     fn finish(&mut self, out: &mut DeltaMessage) {
@@ -272,6 +585,24 @@ impl ToolStage for FormatStage {
         }
         let style = self.fmt.id_style();
         for (i, call) in o.calls.into_iter().enumerate() {
+            if let Some((name, sent)) = self.sent.get(i) {
+                // Sent early: only the rest of the arguments is missing. The scanners report
+                // only what the one-shot parse confirms (the property test checks every cut);
+                // should they ever disagree, the differing tail is still sent so nothing is lost.
+                let rest = match call.arguments.strip_prefix(sent.as_str()) {
+                    Some(r) if *name == call.name => r,
+                    _ => &call.arguments[common_prefix_len(&call.arguments, sent)..],
+                };
+                if !rest.is_empty() {
+                    out.tool_calls.push(DeltaToolCall {
+                        index: i,
+                        id: None,
+                        name: None,
+                        arguments: rest.to_string(),
+                    });
+                }
+                continue;
+            }
             let id = call.id.unwrap_or_else(|| gen_id(style, i));
             out.tool_calls.push(DeltaToolCall {
                 index: i,

@@ -1,6 +1,6 @@
 //! `olmo3`: newline-separated pythonic calls inside `<function_calls>…</function_calls>`. Text
 //! before the block is discarded when the calls parse; malformed → whole output as content.
-use super::{RawCall, ToolFormat, ToolOutput};
+use super::{Close, EarlyScan, RawCall, ToolFormat, ToolOutput, UpTo};
 use crate::pyjson::dumps;
 use crate::pyliteral::Py;
 use crate::ParserConfig;
@@ -28,5 +28,16 @@ impl ToolFormat for Olmo3 {
             return ToolOutput::unchanged(text);
         }
         ToolOutput::calls(None, calls)
+    }
+
+    /// One malformed line turns every call back into content, so nothing is final before the
+    /// block ends; text after `</function_calls>` is ignored, so the calls are sent when it
+    /// arrives.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(UpTo::new(
+            "<function_calls>",
+            Close::Marker("</function_calls>"),
+            |t, c| Olmo3.parse(t, c),
+        )))
     }
 }

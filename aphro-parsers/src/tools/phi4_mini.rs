@@ -1,7 +1,7 @@
 //! `phi4_mini_json`: `functools[…]`, a JSON array of `{"name", "arguments"|"parameters"}`.
 //! Anything before `functools` is dropped when calls parse; a decode error → whole output as
 //! content.
-use super::{hermes::call_from_obj, ToolFormat, ToolOutput};
+use super::{hermes::call_from_obj, Close, EarlyScan, ToolFormat, ToolOutput, UpTo};
 use crate::pyjson::raw_decode;
 use crate::ParserConfig;
 
@@ -27,5 +27,13 @@ impl ToolFormat for Phi4Mini {
             }
         }
         ToolOutput::calls(None, calls)
+    }
+
+    /// The array must decode as a whole (one bad element voids all calls), and text after it
+    /// is ignored: the calls are sent when the array's closing bracket arrives.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(UpTo::new("functools[", Close::Bracket, |t, c| {
+            Phi4Mini.parse(t, c)
+        })))
     }
 }

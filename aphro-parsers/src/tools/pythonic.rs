@@ -10,6 +10,9 @@ use serde_json::Value;
 
 pub struct Pythonic;
 
+// No `early()`: calls are sent at `finish()`. The *whole* output must be one Python list of
+// calls; any text after the closing `]` turns it back into content, so nothing is final
+// before the end.
 impl ToolFormat for Pythonic {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let mut t = text.trim();

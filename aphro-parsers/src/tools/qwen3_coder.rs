@@ -5,7 +5,7 @@
 //! nullable via `anyOf`/type lists, `null` → null); a value that does not fit stays a string.
 //! `<function=…>` without the wrapper is accepted. An unterminated parameter is dropped; the call
 //! keeps the parameters completed so far. Content before the first call is stripped.
-use super::{stripped, Live, RawCall, ToolFormat, ToolOutput};
+use super::{seek, stripped, Early, EarlyScan, Live, RawCall, ToolFormat, ToolOutput};
 use crate::pyjson::{convert_qwen_param, dumps};
 use crate::scan::find_earliest;
 use crate::ParserConfig;
@@ -28,6 +28,32 @@ const PARAM: &str = "<parameter=";
 fn trim_one_nl(s: &str) -> &str {
     let s = s.strip_prefix('\n').unwrap_or(s);
     s.strip_suffix('\n').unwrap_or(s)
+}
+
+/// The arguments of a call from its body (the text between `<function=NAME>` and its end).
+fn call_args(name: &str, body: &str, ctx: &ParserConfig) -> String {
+    let mut args = Map::new();
+    let mut b = body;
+    while let Some(p) = b.find(PARAM) {
+        let pa = &b[p + PARAM.len()..];
+        let Some(ke) = pa.find('>') else { break };
+        let key = pa[..ke].trim();
+        let val_all = &pa[ke + 1..];
+        let (val, next) = match val_all.find("</parameter>") {
+            Some(e) => (&val_all[..e], &val_all[e + "</parameter>".len()..]),
+            None => match val_all.find(PARAM) {
+                Some(e) => (&val_all[..e], &val_all[e..]),
+                None => break, // unterminated: dropped
+            },
+        };
+        let raw = trim_one_nl(val);
+        args.insert(
+            key.to_string(),
+            convert_qwen_param(raw, ctx.param_schema(name, key)),
+        );
+        b = next;
+    }
+    dumps(&Value::Object(args))
 }
 
 impl ToolFormat for Qwen3Coder {
@@ -60,28 +86,7 @@ impl ToolFormat for Qwen3Coder {
             if name.is_empty() {
                 continue;
             }
-            let mut args = Map::new();
-            let mut b = body;
-            while let Some(p) = b.find(PARAM) {
-                let pa = &b[p + PARAM.len()..];
-                let Some(ke) = pa.find('>') else { break };
-                let key = pa[..ke].trim();
-                let val_all = &pa[ke + 1..];
-                let (val, next) = match val_all.find("</parameter>") {
-                    Some(e) => (&val_all[..e], &val_all[e + "</parameter>".len()..]),
-                    None => match val_all.find(PARAM) {
-                        Some(e) => (&val_all[..e], &val_all[e..]),
-                        None => break, // unterminated: dropped
-                    },
-                };
-                let raw = trim_one_nl(val);
-                args.insert(
-                    key.to_string(),
-                    convert_qwen_param(raw, ctx.param_schema(name, key)),
-                );
-                b = next;
-            }
-            calls.push(RawCall::new(name, dumps(&Value::Object(args))));
+            calls.push(RawCall::new(name, call_args(name, body, ctx)));
         }
         if calls.is_empty() {
             // Engine style: content without the unterminated opener.
@@ -97,7 +102,77 @@ impl ToolFormat for Qwen3Coder {
         }
     }
 
+    /// Each `<function=…>` stands alone and an unterminated one still yields its name, so the
+    /// call is sent once the name ends (`>` or newline); its arguments (typed, re-serialized)
+    /// follow whole at `</function>` or at the next `<function=`.
+    fn early(&self) -> Option<Box<dyn EarlyScan>> {
+        Some(Box::new(QwenScan::default()))
+    }
+
     fn engine(&self) -> bool {
         true
+    }
+}
+
+#[derive(Debug, Default)]
+enum Phase {
+    #[default]
+    Func,
+    /// In the name that starts here.
+    Name(usize),
+    /// In the body starting at `start` of the call named `name` (`None`: empty name, no call).
+    Body { start: usize, name: Option<String> },
+}
+
+/// The incremental mirror of [`Qwen3Coder::parse`].
+#[derive(Debug, Default)]
+struct QwenScan {
+    phase: Phase,
+    from: usize,
+}
+
+impl EarlyScan for QwenScan {
+    fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
+        loop {
+            match &self.phase {
+                Phase::Func => {
+                    let Some((p, _)) = seek(buf, &mut self.from, &[FUNC]) else {
+                        return;
+                    };
+                    self.from = p + FUNC.len();
+                    self.phase = Phase::Name(self.from);
+                }
+                Phase::Name(start) => {
+                    let start = *start;
+                    let Some((p, i)) = seek(buf, &mut self.from, &[">", "\n"]) else {
+                        return;
+                    };
+                    let name = buf[start..p].trim();
+                    let name = (!name.is_empty()).then(|| name.to_string());
+                    if let Some(n) = &name {
+                        out.push(Early::Call {
+                            name: n.clone(),
+                            id: None,
+                            args: String::new(),
+                        });
+                    }
+                    self.from = if i == 0 { p + 1 } else { p };
+                    self.phase = Phase::Body {
+                        start: self.from,
+                        name,
+                    };
+                }
+                Phase::Body { start, name } => {
+                    let Some((p, _)) = seek(buf, &mut self.from, &["</function>", FUNC]) else {
+                        return;
+                    };
+                    if let Some(n) = name {
+                        out.push(Early::Args(call_args(n, &buf[*start..p], ctx)));
+                    }
+                    self.from = p;
+                    self.phase = Phase::Func;
+                }
+            }
+        }
     }
 }

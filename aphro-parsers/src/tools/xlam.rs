@@ -25,6 +25,10 @@ fn array_calls(s: &str) -> Option<Vec<RawCall>> {
     )
 }
 
+// No `early()`: calls are sent at `finish()`. The array is looked for in several places in
+// priority order (after `</think>`, in a fence, after `[TOOL_CALLS]`, in `<tool_call>`, bare),
+// and the first and last of these need the array to run to the very end of the output, so a
+// later `</think>` or trailing text can still change which array (if any) is used.
 impl ToolFormat for Xlam {
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let found: Option<(Option<String>, Vec<RawCall>)> = (|| {

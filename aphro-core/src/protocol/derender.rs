@@ -1,0 +1,303 @@
+//! Derender request bodies (§6, §7) and the client-carried streaming state (§6.2).
+//!
+//! # `DerenderStreamState` format
+//!
+//! vLLM's field names are all accepted on input and written on output, so a vLLM client that
+//! echoes the state unchanged works as is. aphro adds one object, `aphro`, and leaves vLLM's
+//! replay list `output_token_ids` empty:
+//!
+//! ```json
+//! {"prev_tokens": [], "prefix_offset": 0, "read_offset": 3, "role_sent": true,
+//!  "logprob_context_token_ids": [..≤4], "logprob_text_offset": 17,
+//!  "output_token_ids": [], "output_chunk_lens": [], "tools_streamed": false,
+//!  "last_tool_call_ids": [],
+//!  "aphro": {"v": 1, "tokens": 42, "finished": false,
+//!            "detokenizer": {"ids": [..], "read_offset": 3, "skip_special_tokens": false,
+//!                            "spaces_between_special_tokens": true, "last_special": false},
+//!            "parser_text": "…"}}
+//! ```
+//!
+//! * `detokenizer` is the incremental detokenizer's window (a few dozen ids at most, checked on
+//!   input), so decoding a chunk costs the chunk, not the history.
+//! * `parser_text` is the text fed to the tool/reasoning parser so far (absent without a
+//!   parser). The parsers' state is not serializable, and it could not be small anyway: every
+//!   tool format parses the whole content once at the end (Hermes turns all calls back into
+//!   content when a later block is malformed, Llama-3 JSON drops prose when a call is found),
+//!   so the text is the minimal sufficient state. The server rebuilds the parser with **one**
+//!   `push` of this text (a single linear scan; no tokenizer work, no per-chunk replay, no
+//!   re-parse of earlier chunk boundaries), discards that output, then parses the new chunk.
+//!   Bound: the state is at most the generated text (≤ `max_model_len` tokens of text); the work
+//!   per call is O(chunk tokens) tokenizer work + O(|parser_text|) byte scanning. vLLM replays
+//!   every earlier chunk through the tokenizer and `parse_delta` instead.
+//! * `tokens` counts generated tokens (for the `max_model_len` limit and usage).
+//! * A state without `aphro` but with vLLM's `output_token_ids` (e.g. produced by a vLLM
+//!   server) is accepted: the ids are decoded once to rebuild the same state.
+use super::response::{
+    ChatCompletionChunk, CompletionChunk, GenerateResponse, GenerateStreamResponse,
+};
+use super::{ChatCompletionRequest, CompletionRequest};
+use crate::detokenizer::DetokenizerState;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `POST /v1/chat/completions/derender`, non-streaming (§6.1).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DerenderChatRequest {
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub generate_response: GenerateResponse,
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub chat_request: Option<ChatCompletionRequest>,
+}
+
+/// `POST /v1/chat/completions/derender`, streaming: one call per generate event (§6.2).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DerenderChatStreamRequest {
+    pub stream: bool,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub generate_chunk: GenerateStreamResponse,
+    #[serde(default)]
+    pub stream_state: Option<DerenderStreamState>,
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub chat_request: Option<ChatCompletionRequest>,
+}
+
+/// Streaming chat derender response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DerenderChatStreamResponse {
+    pub chunk: ChatCompletionChunk,
+    pub stream_state: DerenderStreamState,
+}
+
+/// `POST /v1/completions/derender`, non-streaming (§7).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DerenderCompletionRequest {
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub generate_responses: Vec<GenerateResponse>,
+    #[serde(default)]
+    pub prompt_tokens: Option<Vec<u64>>,
+    #[serde(default)]
+    pub prompt_token_ids: Option<Vec<Option<Vec<u32>>>>,
+    #[serde(default)]
+    pub completion_request: Option<CompletionRequest>,
+}
+
+/// `POST /v1/completions/derender`, streaming (§7).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DerenderCompletionStreamRequest {
+    pub stream: bool,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub generate_chunk: GenerateStreamResponse,
+    #[serde(default)]
+    pub stream_state: Option<DerenderStreamState>,
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub completion_request: Option<CompletionRequest>,
+}
+
+/// Streaming completion derender response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DerenderCompletionStreamResponse {
+    pub chunk: CompletionChunk,
+    pub stream_state: DerenderStreamState,
+}
+
+/// The client-carried state of the stateless streaming form; see the module docs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DerenderStreamState {
+    #[serde(default)]
+    pub prev_tokens: Vec<String>,
+    #[serde(default)]
+    pub prefix_offset: usize,
+    #[serde(default)]
+    pub read_offset: usize,
+    #[serde(default)]
+    pub role_sent: bool,
+    #[serde(default)]
+    pub logprob_context_token_ids: Vec<u32>,
+    #[serde(default)]
+    pub logprob_text_offset: u64,
+    #[serde(default)]
+    pub output_token_ids: Vec<u32>,
+    #[serde(default)]
+    pub output_chunk_lens: Vec<usize>,
+    #[serde(default)]
+    pub tools_streamed: bool,
+    #[serde(default)]
+    pub last_tool_call_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aphro: Option<AphroStreamState>,
+}
+
+/// aphro's compact resumable state (module docs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AphroStreamState {
+    #[serde(default = "one")]
+    pub v: u32,
+    /// Generated tokens seen so far.
+    #[serde(default)]
+    pub tokens: u64,
+    /// A finish reason was seen; further chunks produce nothing but usage.
+    #[serde(default)]
+    pub finished: bool,
+    pub detokenizer: DetokenizerState,
+    /// Text fed to the parser so far (empty without a parser).
+    #[serde(default)]
+    pub parser_text: String,
+    /// Names this stream's live state on the server that issued it; with `seq` it lets that
+    /// server resume the parser in O(chunk) instead of rebuilding it from `parser_text`.
+    /// Any other server (or a miss) falls back to the rebuild, so the state stays portable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Calls answered so far in this session.
+    #[serde(default)]
+    pub seq: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A chat derender body: the `stream` literal discriminates (missing ⇒ non-streaming).
+#[derive(Debug, Clone)]
+pub enum DerenderChatBody {
+    Full(Box<DerenderChatRequest>),
+    Stream(Box<DerenderChatStreamRequest>),
+}
+
+/// A completion derender body.
+#[derive(Debug, Clone)]
+pub enum DerenderCompletionBody {
+    Full(Box<DerenderCompletionRequest>),
+    Stream(Box<DerenderCompletionStreamRequest>),
+}
+
+fn is_stream(body: &Value) -> Result<bool> {
+    match body.get("stream") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(false),
+        Some(Value::Bool(true)) => Ok(true),
+        Some(_) => Err(Error::validation(
+            "1 validation error:\n  stream: Input should be a valid boolean",
+            Some("body.stream"),
+        )),
+    }
+}
+
+fn structural(branch: &str, e: &serde_json::Error) -> Error {
+    let msg = e.to_string();
+    let field = if msg.contains("missing field") {
+        msg.split('`').nth(1).unwrap_or("").to_owned()
+    } else {
+        String::new()
+    };
+    let param = if field.is_empty() {
+        format!("body.{branch}")
+    } else {
+        format!("body.{branch}.{field}")
+    };
+    Error::validation(
+        format!("1 validation error:\n  {param}: {msg}"),
+        Some(&param),
+    )
+}
+
+/// Rejects a generate response whose `output_mode` is not `tokens` (§6.1: 400/val).
+fn check_tokens_mode(mode: Option<&str>, branch: &str, what: &str) -> Result<()> {
+    match mode {
+        None | Some("tokens") => Ok(()),
+        Some(m) => {
+            let param = format!("body.{branch}.{what}.output_mode");
+            Err(Error::validation(
+                format!(
+                    "1 validation error:\n  {param}: Input should be 'tokens' (got '{m}'); \
+                     derender takes a tokens-mode generate response"
+                ),
+                Some(&param),
+            ))
+        }
+    }
+}
+
+/// Parses a chat derender body (structural errors are 400 `Bad Request`).
+pub fn parse_derender_chat_body(body: &Value) -> Result<DerenderChatBody> {
+    if !body.is_object() {
+        return Err(Error::validation(
+            "1 validation error:\n  body: Input should be a valid dictionary",
+            Some("body"),
+        ));
+    }
+    if is_stream(body)? {
+        check_tokens_mode(
+            body.pointer("/generate_chunk/output_mode")
+                .and_then(Value::as_str),
+            "DerenderChatStreamRequest",
+            "generate_chunk",
+        )?;
+        let r: DerenderChatStreamRequest = serde_json::from_value(body.clone())
+            .map_err(|e| structural("DerenderChatStreamRequest", &e))?;
+        Ok(DerenderChatBody::Stream(Box::new(r)))
+    } else {
+        check_tokens_mode(
+            body.pointer("/generate_response/output_mode")
+                .and_then(Value::as_str),
+            "DerenderChatRequest",
+            "generate_response",
+        )?;
+        let r: DerenderChatRequest = serde_json::from_value(body.clone())
+            .map_err(|e| structural("DerenderChatRequest", &e))?;
+        Ok(DerenderChatBody::Full(Box::new(r)))
+    }
+}
+
+/// Parses a completion derender body.
+pub fn parse_derender_completion_body(body: &Value) -> Result<DerenderCompletionBody> {
+    if !body.is_object() {
+        return Err(Error::validation(
+            "1 validation error:\n  body: Input should be a valid dictionary",
+            Some("body"),
+        ));
+    }
+    if is_stream(body)? {
+        check_tokens_mode(
+            body.pointer("/generate_chunk/output_mode")
+                .and_then(Value::as_str),
+            "DerenderCompletionStreamRequest",
+            "generate_chunk",
+        )?;
+        let r: DerenderCompletionStreamRequest = serde_json::from_value(body.clone())
+            .map_err(|e| structural("DerenderCompletionStreamRequest", &e))?;
+        Ok(DerenderCompletionBody::Stream(Box::new(r)))
+    } else {
+        if let Some(arr) = body.get("generate_responses").and_then(Value::as_array) {
+            for (i, g) in arr.iter().enumerate() {
+                check_tokens_mode(
+                    g.get("output_mode").and_then(Value::as_str),
+                    "DerenderCompletionRequest",
+                    &format!("generate_responses.{i}"),
+                )?;
+            }
+        }
+        let r: DerenderCompletionRequest = serde_json::from_value(body.clone())
+            .map_err(|e| structural("DerenderCompletionRequest", &e))?;
+        Ok(DerenderCompletionBody::Full(Box::new(r)))
+    }
+}

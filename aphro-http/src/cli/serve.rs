@@ -1,0 +1,79 @@
+//! `aphro serve [MODEL]`: the integrated server (OpenAI API + render, derender, generate), or
+//! with `--tokens-only` the token-in/token-out engine alone (no tokenizer is loaded).
+//! Without MODEL it serves the embedded default model.
+use super::generate::EngineArgs;
+use super::server_args::{
+    build_derenderer, build_renderer, served_names, FrontendArgs, ServerArgs,
+};
+use crate::server::{self, AppState, Role, ServerSettings};
+use anyhow::Context;
+use aphro_core::Model;
+use aphro_engine::serving::ServingEngine;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model: a `.gguf` file, an HF directory or a hub id (default: the embedded SmolLM2).
+    #[arg(value_name = "MODEL")]
+    pub model_arg: Option<String>,
+    /// Engine only: generate and abort, tokens in and out, no tokenizer.
+    #[arg(long)]
+    pub tokens_only: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    pub frontend: FrontendArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(m) = args.model_arg.take() {
+        args.engine.model = Some(m);
+    }
+    let display_name = args
+        .engine
+        .model
+        .clone()
+        .unwrap_or_else(|| aphro_core::default_model::DEFAULT_MODEL_NAME.to_owned());
+    let served = served_names(&args.server, &display_name);
+    let mut cfg = args.engine.serving_config(true)?;
+    cfg.tokens_only = args.tokens_only;
+    cfg.served_model_name = served.first().cloned();
+    let model_path = cfg.model.clone();
+    let engine = Arc::new(ServingEngine::new(cfg).context("starting the engine")?);
+    let max_model_len = engine.max_model_len();
+    let settings = ServerSettings {
+        role: if args.tokens_only {
+            Role::TokensOnly
+        } else {
+            Role::Full
+        },
+        served_model_names: served.clone(),
+        model_root: model_path.clone(),
+        max_model_len,
+        api_keys: args.server.api_key.clone(),
+        enable_request_id_headers: args.server.enable_request_id_headers,
+        max_body_bytes: args.server.max_request_body_bytes,
+    };
+    let mut state = AppState::new(settings).with_engine(engine);
+    if !args.tokens_only {
+        let model = Arc::new(
+            Model::load(&model_path)
+                .with_context(|| format!("loading tokenizer of `{model_path}`"))?,
+        );
+        let renderer = build_renderer(model.clone(), &args.frontend, &served, Some(max_model_len))?;
+        let derenderer = build_derenderer(model, &args.frontend, &served, Some(max_model_len))?;
+        state = state
+            .with_renderer(Arc::new(renderer))
+            .with_derenderer(Arc::new(derenderer));
+    }
+    server::run_blocking(
+        state,
+        &args.server.host,
+        args.server.port,
+        args.server.timeout_keep_alive,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,134 @@
+//! Flags shared by the server subcommands (`aphro serve`, `aphro launch render`), named as
+//! vLLM names them so existing launch scripts carry over.
+use anyhow::Context;
+use aphro_core::derenderer::{DerenderOptions, Derenderer};
+use aphro_core::{ContentFormat, Model, RenderOptions, Renderer};
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArgs {
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// API key(s) required on /v1, /v2, /inference and /cohere routes.
+    #[arg(long = "api-key", env = "VLLM_API_KEY", value_delimiter = ',')]
+    pub api_key: Vec<String>,
+    /// Names clients may use in `model` (default: the model argument).
+    #[arg(long = "served-model-name", num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Echo `X-Request-Id` (or a fresh id) back as a response header.
+    #[arg(long)]
+    pub enable_request_id_headers: bool,
+    /// Largest request body accepted, in bytes; larger bodies get 413 before parsing.
+    #[arg(long, default_value_t = crate::extract::DEFAULT_MAX_BODY_BYTES)]
+    pub max_request_body_bytes: usize,
+    /// Seconds an idle keep-alive connection is kept open.
+    #[arg(long, default_value_t = 5)]
+    pub timeout_keep_alive: u64,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct FrontendArgs {
+    /// Chat template file overriding the model's.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// auto | string | openai.
+    #[arg(long, default_value = "auto")]
+    pub chat_template_content_format: String,
+    /// JSON object of template kwargs applied to every request (request values win).
+    #[arg(long)]
+    pub default_chat_template_kwargs: Option<String>,
+    /// Tool-call parser name (vLLM's names, e.g. hermes).
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
+    /// Reasoning parser name (vLLM's names, e.g. qwen3).
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
+    /// Let the model choose tool calls when `tool_choice` is `auto`.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
+}
+
+/// The model to serve: the argument, or the embedded default.
+pub fn resolve_model_arg(model: Option<&str>) -> anyhow::Result<String> {
+    match model {
+        Some(m) => Ok(m.to_owned()),
+        None => {
+            let p = aphro_core::default_model::ensure_default_model()?;
+            Ok(p.to_string_lossy().into_owned())
+        }
+    }
+}
+
+/// Served names: the flag's, else the model argument (vLLM's default).
+pub fn served_names(args: &ServerArgs, model: &str) -> Vec<String> {
+    if args.served_model_name.is_empty() {
+        vec![model.to_owned()]
+    } else {
+        args.served_model_name.clone()
+    }
+}
+
+pub fn build_renderer(
+    model: Arc<Model>,
+    front: &FrontendArgs,
+    served: &[String],
+    max_model_len: Option<usize>,
+) -> anyhow::Result<Renderer> {
+    let chat_template = match &front.chat_template {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
+        None => None,
+    };
+    let hooks: Option<Arc<dyn aphro_core::RenderHooks>> =
+        if front.tool_call_parser.is_some() || front.reasoning_parser.is_some() {
+            Some(Arc::new(aphro_core::parser_hooks::ParserHooks::new(
+                model.clone(),
+                front.tool_call_parser.as_deref(),
+                front.reasoning_parser.as_deref(),
+            )))
+        } else {
+            None
+        };
+    let mut options = RenderOptions {
+        hooks,
+        chat_template,
+        content_format: front
+            .chat_template_content_format
+            .parse::<ContentFormat>()?,
+        max_model_len,
+        served_model_names: Some(served.to_vec()),
+        ..RenderOptions::default()
+    };
+    if let Some(raw) = &front.default_chat_template_kwargs {
+        let extra: Map<String, Value> = serde_json::from_str(raw)
+            .context("--default-chat-template-kwargs must be a JSON object")?;
+        options.default_chat_template_kwargs.extend(extra);
+    }
+    Ok(Renderer::new(model, options)?)
+}
+
+pub fn build_derenderer(
+    model: Arc<Model>,
+    front: &FrontendArgs,
+    served: &[String],
+    max_model_len: Option<usize>,
+) -> anyhow::Result<Derenderer> {
+    Ok(Derenderer::new(
+        model,
+        DerenderOptions {
+            served_model_name: served.first().cloned(),
+            tool_call_parser: front.tool_call_parser.clone(),
+            reasoning_parser: front.reasoning_parser.clone(),
+            enable_auto_tool_choice: front.enable_auto_tool_choice,
+            max_model_len,
+            ..DerenderOptions::default()
+        },
+    )?)
+}

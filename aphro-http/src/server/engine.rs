@@ -1,0 +1,124 @@
+//! The token-in/token-out engine routes (wire spec §4): generate (tokens / text, streaming
+//! SSE or one JSON body; `derender` on the integrated server), abort, and the legacy
+//! unauthenticated `/abort_requests` of `--tokens-only` servers.
+//!
+//! A client that disconnects aborts its request: the response body (streaming) or the handler
+//! future (non-streaming) owns the engine stream, and dropping it aborts the request and
+//! frees its KV blocks in the engine's next step.
+use super::render::header_request_id;
+use super::AppState;
+use crate::error::{json_response, ApiError};
+use crate::extract::is_json_content_type;
+use crate::sse::sse_response;
+use aphro_engine::serving::{ServingEngine, ServingError};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use futures::StreamExt;
+use serde_json::Value;
+use std::sync::Arc;
+
+pub fn routes(tokens_only: bool) -> Router<AppState> {
+    let mut r = Router::new()
+        .route("/inference/v1/generate", post(generate))
+        .route("/inference/v1/abort_requests", post(abort));
+    if tokens_only {
+        r = r.route("/abort_requests", post(abort));
+    }
+    r
+}
+
+impl From<ServingError> for ApiError {
+    fn from(e: ServingError) -> Self {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut out = ApiError::new(status, e.error_type(), e.to_string());
+        out.param = e.param().map(str::to_owned);
+        out
+    }
+}
+
+pub(crate) fn engine(state: &AppState) -> Result<&Arc<ServingEngine>, ApiError> {
+    let engine = state
+        .engine
+        .as_ref()
+        .ok_or_else(|| ApiError::not_implemented("This server has no engine."))?;
+    if let Some(reason) = state.health.fatal_reason() {
+        return Err(ApiError::unavailable(reason));
+    }
+    if !engine.is_healthy() {
+        state
+            .health
+            .mark_dead("the engine failed and stopped serving");
+        return Err(ApiError::unavailable(
+            "the engine failed and stopped serving",
+        ));
+    }
+    Ok(engine)
+}
+
+/// Parse a raw JSON body the way the generate route needs it (the body is first read as a
+/// JSON value so absent `sampling_params` keys stay distinguishable from defaults, §10).
+fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    if !is_json_content_type(ct) {
+        return Err(ApiError::validation(
+            "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+        ));
+    }
+    crate::extract::parse_json::<Value>(body)
+}
+
+async fn generate(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let value = json_body(&headers, &body)?;
+    super::unsupported::check_generate(&value)?;
+    let engine = engine(&state)?.clone();
+    if let Some(model) = value.get("model").and_then(Value::as_str) {
+        state.resolve_model(Some(model))?;
+    }
+    let req = engine.parse_request(&value)?;
+    if req.output_mode == "derender" {
+        return super::openai::generate_derender(&state, &engine, req, header_request_id(&headers))
+            .await;
+    }
+    let stream = engine.generate(req, header_request_id(&headers))?;
+    tracing::info!(request_id = %stream.request_id(), "generate");
+    if stream_requested(&value) {
+        let events = stream
+            .into_events()
+            .map(|item| item.map(|ev| ev.to_json()).map_err(ApiError::from));
+        return Ok(sse_response(events));
+    }
+    let resp = stream.collect_response().await?;
+    let v = serde_json::to_value(&resp).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+fn stream_requested(v: &Value) -> bool {
+    v.get("stream").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// `{"request_ids": [...]}` → 200 with an empty body; the abort runs in the background.
+async fn abort(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::validation(format!("JSON decode error: {e}")))?;
+    let ids: Vec<String> = value
+        .get("request_ids")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::validation("Missing 'request_ids' in request body"))?
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    if let Some(engine) = state.engine.as_ref() {
+        engine.abort(&ids);
+    }
+    Ok(StatusCode::OK.into_response())
+}

@@ -1,0 +1,270 @@
+//! The engine roles over real HTTP on loopback: `aphro serve MODEL --tokens-only` (generate,
+//! abort, SSE framing, disconnects) and the integrated `aphro serve MODEL` (OpenAI chat and
+//! completions), plus the seed's disaggregated round trip: `aphro launch render` on one port,
+//! `aphro serve --tokens-only` on another, render → generate → derender.
+mod common;
+
+use common::{assets, json, Server};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::time::{Duration, Instant};
+
+fn gguf() -> String {
+    assets()
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn engine_flags() -> Vec<&'static str> {
+    vec!["--kv-cache-memory", "16777216", "--max-num-seqs", "16"]
+}
+
+fn tokens_only() -> Server {
+    let model = gguf();
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--tokens-only",
+        "--served-model-name",
+        "smol",
+    ];
+    args.extend(engine_flags());
+    Server::start(&args)
+}
+
+/// Raw HTTP/1.1 POST that returns the open socket, to read SSE incrementally or hang up.
+fn open_post(base: &str, path: &str, body: &Value) -> std::net::TcpStream {
+    let addr = base.trim_start_matches("http://");
+    let mut sock = std::net::TcpStream::connect(addr).expect("connect");
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).expect("write");
+    sock
+}
+
+fn metric(s: &Server, name: &str) -> f64 {
+    let (_, text) = s.get("/metrics", &[]);
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn gen_request(max_tokens: u64, stream: bool) -> Value {
+    json!({"request_id": "t1", "token_ids": [1, 9690, 198, 2683, 359, 253, 5356, 2, 198, 1, 4093, 198, 19556, 2, 198, 1, 520, 9531, 198],
+           "sampling_params": {"temperature": 0.0, "max_tokens": max_tokens}, "stream": stream})
+}
+
+#[test]
+fn tokens_only_generate_stream_abort_and_disconnect() {
+    let s = tokens_only();
+    // Non-streaming.
+    let (status, body) = s.post(
+        "/inference/v1/generate",
+        &gen_request(8, false),
+        &[("x-request-id", "abc")],
+    );
+    assert_eq!(status, 200, "{body}");
+    let v = json(&body);
+    assert_eq!(v["request_id"], "generate-tokens-abc");
+    assert_eq!(v["output_mode"], "tokens");
+    let ids = v["choices"][0]["token_ids"]
+        .as_array()
+        .expect("ids")
+        .clone();
+    assert!(!ids.is_empty() && ids.len() <= 8);
+    assert_eq!(v["usage"]["completion_tokens"], json!(ids.len()));
+
+    // Streaming: exact SSE framing, same greedy tokens, ends with [DONE].
+    let mut sock = open_post(&s.base, "/inference/v1/generate", &gen_request(8, true));
+    let mut raw = String::new();
+    sock.read_to_string(&mut raw).expect("read");
+    let body = raw
+        .split("\r\n\r\n")
+        .skip(1)
+        .collect::<Vec<_>>()
+        .join("\r\n\r\n");
+    assert!(raw.contains("text/event-stream"), "{raw}");
+    assert!(body.contains("data: [DONE]"), "{body}");
+    let mut streamed = Vec::new();
+    for line in body.lines().filter(|l| l.starts_with("data: {")) {
+        let ev = json(&line["data: ".len()..]);
+        for c in ev["choices"].as_array().into_iter().flatten() {
+            streamed.extend(c["token_ids"].as_array().into_iter().flatten().cloned());
+        }
+    }
+    assert_eq!(
+        streamed, ids,
+        "streamed and non-streamed greedy tokens differ"
+    );
+
+    // Handler errors.
+    let (status, body) = s.post(
+        "/inference/v1/generate",
+        &json!({"token_ids": [], "sampling_params": {}}),
+        &[],
+    );
+    assert_eq!(status, 400, "{body}");
+    let mut with_stop = gen_request(4, false);
+    with_stop["sampling_params"]["stop"] = json!(["x"]);
+    let (status, body) = s.post("/inference/v1/generate", &with_stop, &[]);
+    assert_eq!(status, 400, "{body}");
+    let mut text_mode = gen_request(4, false);
+    text_mode["output_mode"] = json!("text");
+    assert_eq!(s.post("/inference/v1/generate", &text_mode, &[]).0, 400);
+    let (status, body) = s.post_raw("/abort_requests", "application/json", "{}");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("Missing 'request_ids'"), "{body}");
+    let (status, body) = s.post_raw(
+        "/inference/v1/abort_requests",
+        "application/json",
+        "not json",
+    );
+    assert_eq!(status, 400, "{body}");
+
+    // Abort a long request by id: it finishes with finish_reason "abort".
+    let long = json!({"request_id": "long", "token_ids": [1, 4093, 198], "stream": false,
+                      "sampling_params": {"temperature": 0.0, "max_tokens": 4000, "ignore_eos": true}});
+    let base = s.base.clone();
+    let handle = std::thread::spawn(move || {
+        let mut sock = open_post(&base, "/inference/v1/generate", &long);
+        let mut raw = String::new();
+        let _ = sock.read_to_string(&mut raw);
+        raw
+    });
+    wait_until("the long request to run", || {
+        metric(&s, "vllm:num_requests_running") >= 1.0
+    });
+    let (status, body) = s.post(
+        "/inference/v1/abort_requests",
+        &json!({"request_ids": ["generate-tokens-long"]}),
+        &[],
+    );
+    assert_eq!((status, body.as_str()), (200, ""));
+    let raw = handle.join().expect("thread");
+    assert!(raw.contains("\"finish_reason\":\"abort\""), "{raw}");
+
+    // Disconnects: a client that hangs up mid-generation, streamed or not, frees its request.
+    for stream in [true, false] {
+        let req = json!({"token_ids": [1, 4093, 198], "stream": stream,
+                         "sampling_params": {"temperature": 0.0, "max_tokens": 4000, "ignore_eos": true}});
+        let sock = open_post(&s.base, "/inference/v1/generate", &req);
+        if stream {
+            let mut reader = BufReader::new(sock.try_clone().expect("clone"));
+            let mut line = String::new();
+            while !line.starts_with("data: {") {
+                line.clear();
+                reader.read_line(&mut line).expect("read");
+            }
+        } else {
+            wait_until("the request to run", || {
+                metric(&s, "vllm:num_requests_running") >= 1.0
+            });
+        }
+        sock.shutdown(std::net::Shutdown::Both).expect("hang up");
+        drop(sock);
+        wait_until("the engine to drop the request", || {
+            metric(&s, "vllm:num_requests_running") == 0.0
+                && metric(&s, "vllm:kv_cache_usage_perc") == 0.0
+        });
+    }
+    assert!(metric(&s, "vllm:generation_tokens_total") > 0.0);
+}
+
+#[test]
+fn integrated_server_and_disaggregated_round_trip_agree() {
+    let model = gguf();
+    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    args.extend(engine_flags());
+    let full = Server::start(&args);
+    let render = Server::start(&[
+        "launch",
+        "render",
+        model.as_str(),
+        "--served-model-name",
+        "smol",
+    ]);
+    let engine = tokens_only();
+
+    let chat = json!({"model": "smol", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                      "max_tokens": 12, "temperature": 0});
+    // Integrated.
+    let (status, body) = full.post("/v1/chat/completions", &chat, &[]);
+    assert_eq!(status, 200, "{body}");
+    let integrated = json(&body);
+    assert!(integrated["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("chatcmpl-")));
+    let answer = integrated["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned();
+    assert!(!answer.is_empty());
+
+    // Disaggregated: render → generate → derender, as the seed's httpx client does.
+    let (status, body) = render.post("/v1/chat/completions/render", &chat, &[]);
+    assert_eq!(status, 200, "{body}");
+    let rendered = json(&body);
+    let (status, body) = engine.post("/inference/v1/generate", &rendered, &[]);
+    assert_eq!(status, 200, "{body}");
+    let generated = json(&body);
+    let n_prompt = rendered["token_ids"].as_array().map(Vec::len).unwrap_or(0);
+    let (status, body) = render.post(
+        "/v1/chat/completions/derender",
+        &json!({"generate_response": generated, "prompt_tokens": n_prompt,
+                "prompt_token_ids": rendered["token_ids"], "chat_request": chat}),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let disagg = json(&body);
+    assert_eq!(
+        disagg["choices"][0]["message"]["content"],
+        json!(answer),
+        "the two deployments disagree"
+    );
+    assert_eq!(disagg["usage"], integrated["usage"]);
+
+    // Streaming chat on the integrated server gives the same text.
+    let mut streamed_chat = chat.clone();
+    streamed_chat["stream"] = json!(true);
+    let mut sock = open_post(&full.base, "/v1/chat/completions", &streamed_chat);
+    let mut raw = String::new();
+    sock.read_to_string(&mut raw).expect("read");
+    let mut text = String::new();
+    for line in raw.lines().filter(|l| l.starts_with("data: {")) {
+        let ev = json(&line["data: ".len()..]);
+        for c in ev["choices"].as_array().into_iter().flatten() {
+            if let Some(t) = c["delta"]["content"].as_str() {
+                text.push_str(t);
+            }
+        }
+    }
+    let last_data = raw.lines().filter(|l| l.starts_with("data: ")).last();
+    assert_eq!(last_data, Some("data: [DONE]"), "{raw}");
+    assert_eq!(text, answer);
+
+    // Completions, two prompts batched.
+    let (status, body) = full.post(
+        "/v1/completions",
+        &json!({"model": "smol", "prompt": ["Once upon a time", "The sky is"], "max_tokens": 5, "temperature": 0}),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+    let v = json(&body);
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2));
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
+}

@@ -1,0 +1,90 @@
+//! `aphro_core::Error` -> the Python exception hierarchy of `aphro._errors`.
+//!
+//! The exception carries the same `message`, `type`, `param` and status `code` as the HTTP
+//! route's error body, so code written against the server can switch to in-process calls
+//! without changing its error handling.
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
+
+static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn class<'py>(py: Python<'py>, status: u16) -> PyResult<Bound<'py, PyType>> {
+    let m = ERRORS.get_or_try_init(py, || py.import("aphro._errors").map(Bound::unbind))?;
+    let name = match status {
+        400 => "BadRequestError",
+        404 => "NotFoundError",
+        _ => "InternalServerError",
+    };
+    Ok(m.bind(py).getattr(name)?.cast_into::<PyType>()?)
+}
+
+/// Builds the exception for an error with the given wire fields.
+pub fn make(py: Python<'_>, message: &str, status: u16, kind: &str, param: Option<&str>) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let cls = class(py, status)?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("status", status)?;
+        kwargs.set_item("type", kind)?;
+        kwargs.set_item("param", param)?;
+        let exc = cls.call((message,), Some(&kwargs))?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+/// The Python exception for a core error.
+pub fn core(py: Python<'_>, e: &aphro_core::Error) -> PyErr {
+    make(py, &e.to_string(), e.status(), e.error_type(), e.param())
+}
+
+/// An `InternalServerError` (500).
+pub fn internal(py: Python<'_>, message: &str) -> PyErr {
+    make(py, message, 500, "InternalServerError", None)
+}
+
+/// A structural 400 (`type: "Bad Request"`), like the HTTP layer's body validation.
+pub fn validation(py: Python<'_>, message: &str, param: Option<&str>) -> PyErr {
+    make(py, message, 400, "Bad Request", param)
+}
+
+/// Extension trait: `result.py_err(py)?` for core results.
+pub trait CoreResultExt<T> {
+    fn py_err(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> CoreResultExt<T> for aphro_core::Result<T> {
+    fn py_err(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| core(py, &e))
+    }
+}
+
+/// Deserializes a typed body from a JSON value with the HTTP extractor's error text:
+/// `1 validation error:\n  {'loc': 'body.<path>', 'msg': '<serde message>'}`, `param` the path.
+pub fn from_value<T: serde::de::DeserializeOwned>(
+    py: Python<'_>,
+    v: serde_json::Value,
+) -> PyResult<T> {
+    serde_path_to_error::deserialize(v).map_err(|err| {
+        let path = err.path().to_string();
+        let msg = err.into_inner().to_string();
+        let field = msg
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_owned);
+        let mut loc = String::from("body");
+        if path != "." && !path.is_empty() {
+            loc.push('.');
+            loc.push_str(&path);
+        }
+        if let Some(f) = field {
+            loc.push('.');
+            loc.push_str(&f);
+        }
+        validation(
+            py,
+            &format!("1 validation error:\n  {{'loc': '{loc}', 'msg': '{msg}'}}"),
+            Some(&loc),
+        )
+    })
+}

@@ -1,0 +1,54 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aphro
+import aphro.cli
+
+
+def test_public_api():
+    for name in aphro.__all__:
+        assert hasattr(aphro, name), name
+    assert aphro.__version__
+
+
+def test_typed_package_files():
+    pkg = Path(aphro.__file__).parent
+    assert (pkg / "py.typed").is_file()
+    assert (pkg / "_aphro.pyi").is_file()
+
+
+def test_stub_names_match_extension():
+    import ast
+
+    stub = ast.parse((Path(aphro.__file__).parent / "_aphro.pyi").read_text())
+    names = {n.name for n in stub.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    from aphro import _aphro
+
+    exported = {n for n in dir(_aphro) if not n.startswith("__")}
+    assert names == exported
+
+
+def test_console_script_without_binary(tmp_path):
+    env = dict(os.environ, APHRO_BIN=str(tmp_path / "missing"))
+    r = subprocess.run(
+        [sys.executable, "-m", "aphro", "version"], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 127
+    assert "not found" in r.stderr
+
+
+def test_console_script_runs_binary(tmp_path):
+    fake = tmp_path / "aphro-bin"
+    fake.write_text("#!/bin/sh\necho fake-aphro \"$@\"\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, APHRO_BIN=str(fake))
+    r = subprocess.run(
+        [sys.executable, "-m", "aphro", "serve", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0
+    assert r.stdout.strip() == "fake-aphro serve --port 1"
