@@ -55,6 +55,8 @@ class Renderer:
         max_model_len: Optional[int] = None,
         default_chat_template_kwargs: Optional[JSON] = None,
         served_model_name: Union[None, str, Sequence[str]] = None,
+        tool_call_parser: Optional[str] = None,
+        reasoning_parser: Optional[str] = None,
     ) -> None: ...
     @property
     def model(self) -> Model: ...

@@ -59,9 +59,11 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
                     "float32" | "float" | "f32" => ModelDType::Float32,
                     "bfloat16" | "bf16" => ModelDType::BFloat16,
                     "float16" | "half" | "f16" => ModelDType::Float16,
-                    other => return Err(PyValueError::new_err(format!(
+                    other => {
+                        return Err(PyValueError::new_err(format!(
                         "dtype must be 'auto', 'float32', 'bfloat16' or 'float16', not {other:?}"
-                    ))),
+                    )))
+                    }
                 };
             }
             "kv_cache_memory" => cfg.kv_cache_memory = v.extract()?,

@@ -7,7 +7,7 @@ use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::{ContentFormat, RenderOptions, Renderer};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::sync::Arc;
 
 /// Renders OpenAI requests to the token-in requests of the generate endpoint, exactly as the
@@ -21,6 +21,8 @@ use std::sync::Arc;
 ///     max_model_len: context length (overrides the model's config).
 ///     default_chat_template_kwargs: server-default template kwargs (merged under the request's).
 ///     served_model_name: name(s) accepted in the request's `model` field (`None`: any).
+///     tool_call_parser, reasoning_parser: the server's parser names (vLLM's flags); they
+///         decide `reasoning_ended` and the sampling adjustments of the rendered request.
 #[pyclass(module = "aphro", name = "Renderer", frozen)]
 pub struct PyRenderer {
     pub(crate) inner: Arc<Renderer>,
@@ -30,7 +32,8 @@ pub struct PyRenderer {
 #[pymethods]
 impl PyRenderer {
     #[new]
-    #[pyo3(signature = (model=None, *, chat_template=None, chat_template_content_format="auto", max_model_len=None, default_chat_template_kwargs=None, served_model_name=None))]
+    #[pyo3(signature = (model=None, *, chat_template=None, chat_template_content_format="auto", max_model_len=None, default_chat_template_kwargs=None, served_model_name=None, tool_call_parser=None, reasoning_parser=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: Option<&Bound<'_, PyAny>>,
@@ -39,6 +42,8 @@ impl PyRenderer {
         max_model_len: Option<usize>,
         default_chat_template_kwargs: Option<&Bound<'_, PyDict>>,
         served_model_name: Option<&Bound<'_, PyAny>>,
+        tool_call_parser: Option<String>,
+        reasoning_parser: Option<String>,
     ) -> PyResult<Self> {
         let (spec, m) = load_any(py, model)?;
         let content_format = chat_template_content_format
@@ -51,13 +56,38 @@ impl PyRenderer {
             ),
             other => other,
         };
-        let default_chat_template_kwargs = match default_chat_template_kwargs {
-            Some(d) => match to_value(d.as_any())? {
-                Value::Object(o) => o,
-                _ => Map::new(),
-            },
-            None => Map::new(),
-        };
+        // Server defaults first (vLLM's own, e.g. `cohere_format`), the caller's on top, as
+        // `--default-chat-template-kwargs` does.
+        let mut options = RenderOptions::default();
+        if let Some(d) = default_chat_template_kwargs {
+            if let Value::Object(o) = to_value(d.as_any())? {
+                options.default_chat_template_kwargs.extend(o);
+            }
+        }
+        if tool_call_parser.is_some() || reasoning_parser.is_some() {
+            let registry = aphro_parsers::ParserRegistry::new();
+            if let Some(t) = tool_call_parser
+                .as_deref()
+                .filter(|t| !registry.has_tool_parser(t))
+            {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "unknown tool call parser {t:?}"
+                )));
+            }
+            if let Some(r) = reasoning_parser
+                .as_deref()
+                .filter(|r| !registry.has_reasoning_parser(r))
+            {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "unknown reasoning parser {r:?}"
+                )));
+            }
+            options.hooks = Some(Arc::new(aphro_core::parser_hooks::ParserHooks::new(
+                m.clone(),
+                tool_call_parser.as_deref(),
+                reasoning_parser.as_deref(),
+            )));
+        }
         let served_model_names = match served_model_name {
             None => None,
             Some(v) if v.is_none() => None,
@@ -70,9 +100,8 @@ impl PyRenderer {
             chat_template,
             content_format,
             max_model_len,
-            default_chat_template_kwargs,
             served_model_names,
-            ..RenderOptions::default()
+            ..options
         };
         let inner = py.detach(|| Renderer::new(m.clone(), options)).py_err(py)?;
         let model = Py::new(py, PyModel { inner: m, spec })?;

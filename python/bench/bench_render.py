@@ -3,12 +3,13 @@
 Same request (the Qwen3 tool chats of `aphro_core::bench_support::tool_chat`, as in
 `cargo run --release -p aphro-examples --example render_bench`), same process, same build:
 
-* rust      -- `Renderer::render_chat` on a pre-parsed request, in a Rust loop;
+* rust      -- `Renderer::render_chat` on a pre-parsed request (one call from Python into a
+               Rust timing helper, so it pays one Python->Rust call like the binding);
 * rust+json -- the same plus parsing the JSON body each time (what the HTTP route does);
 * python    -- `aphro.Renderer.render_chat(dict) -> dict` from Python (dict -> JSON value ->
                request, render, response -> dict).
 
-    python python/bench_render.py [MODEL_DIR]     # default: $APHRO_ASSETS/tokenizers/qwen3
+    python python/bench/bench_render.py [MODEL_DIR]     # default: $APHRO_ASSETS/tokenizers/qwen3
 """
 from __future__ import annotations
 
@@ -46,43 +47,44 @@ def tool_chat(turns: int) -> dict:
     }
 
 
-def per_call_python(r: aphro.Renderer, req: dict, seconds: float) -> float:
-    samples = []
+def measure(r: aphro.Renderer, req: dict, seconds: float):
+    """Single calls, interleaved (rust, rust+json, python), so load from other processes hits
+    all three alike. Returns per-call (min, p10, median) seconds of each."""
+    rust, rust_json, py = [], [], []
     start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(samples) < 20:
+    while time.perf_counter() - start < seconds or len(py) < 20:
+        t = time.perf_counter()
+        _aphro._bench_render_chat(r, req, 1)
+        rust.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        _aphro._bench_render_chat(r, req, 1, parse_each=True)
+        rust_json.append(time.perf_counter() - t)
         t = time.perf_counter()
         r.render_chat(req)
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
-
-
-def per_call_rust(r: aphro.Renderer, req: dict, seconds: float, parse_each: bool) -> float:
-    # Batches of calls inside Rust; the median batch mean.
-    one = _aphro._bench_render_chat(r, req, 3, parse_each=parse_each)
-    n = max(1, int(0.1 / max(one, 1e-7)))
-    samples = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(samples) < 5:
-        samples.append(_aphro._bench_render_chat(r, req, n, parse_each=parse_each))
-    return statistics.median(samples)
+        py.append(time.perf_counter() - t)
+    out = []
+    for x in (rust, rust_json, py):
+        x.sort()
+        out.append((x[0], x[len(x) // 10], statistics.median(x)))
+    return out
 
 
 def main() -> None:
-    assets = os.environ.get("APHRO_ASSETS", str(Path(__file__).resolve().parents[1] / ".assets"))
+    assets = os.environ.get("APHRO_ASSETS", str(Path(__file__).resolve().parents[2] / ".assets"))
     model_dir = sys.argv[1] if len(sys.argv) > 1 else f"{assets}/tokenizers/qwen3"
     seconds = float(os.environ.get("BENCH_SECONDS", "3"))
     r = aphro.Renderer(model_dir, max_model_len=40960)
-    print(f"{'chat':<5} {'tokens':>7} {'rust ms':>9} {'rust+json ms':>13} {'python ms':>10} {'overhead':>9} {'vs rust+json':>13}")
+    print(f"{'chat':<5} {'tokens':>7} {'stat':>6} {'rust ms':>9} {'rust+json ms':>13} {'python ms':>10} {'overhead':>9} {'vs rust+json':>13}")
     for label, turns in (("1k", 6), ("8k", 58)):
         req = tool_chat(turns)
         n = len(r.render_chat(req)["token_ids"])
-        rust = per_call_rust(r, req, seconds, parse_each=False)
-        rust_json = per_call_rust(r, req, seconds, parse_each=True)
-        py = per_call_python(r, req, seconds)
-        print(
-            f"{label:<5} {n:>7} {rust * 1e3:>9.3f} {rust_json * 1e3:>13.3f} {py * 1e3:>10.3f} "
-            f"{(py / rust - 1) * 100:>8.1f}% {(py / rust_json - 1) * 100:>12.1f}%"
-        )
+        rows = measure(r, req, seconds)
+        for k, stat in enumerate(("min", "p10", "median")):
+            rust, rust_json, py = (x[k] for x in rows)
+            print(
+                f"{label:<5} {n:>7} {stat:>6} {rust * 1e3:>9.3f} {rust_json * 1e3:>13.3f} {py * 1e3:>10.3f} "
+                f"{(py / rust - 1) * 100:>8.1f}% {(py / rust_json - 1) * 100:>12.1f}%"
+            )
 
 
 if __name__ == "__main__":
