@@ -16,7 +16,7 @@
 //! Every bound of §6.1 is checked before any decode or parse ([`Derenderer::check_choices`]).
 //! Caller-supplied counts go through checked arithmetic; nothing here panics on input.
 mod logprobs;
-mod stream;
+pub(crate) mod stream;
 
 pub use stream::{ChatDerenderStream, CompletionDerenderStream};
 
@@ -93,6 +93,9 @@ pub(crate) struct Inner {
     pub registry: ParserRegistry,
     /// The tokenizer's own EOS (`stop_reason` stays null for it).
     pub primary_eos: Option<u32>,
+    /// Live wire-streaming states, so a stream's next call resumes in O(chunk) (see
+    /// [`stream::LiveStreams`]).
+    pub live: std::sync::Mutex<stream::LiveStreams>,
 }
 
 /// Token ids → OpenAI responses. Cheap to clone (shared inner).
@@ -192,6 +195,7 @@ impl Derenderer {
                 encoding,
                 registry,
                 primary_eos,
+                live: std::sync::Mutex::new(stream::LiveStreams::default()),
             }),
         })
     }

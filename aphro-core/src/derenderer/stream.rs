@@ -163,6 +163,86 @@ pub struct ChatDerenderStream {
     tool_ids: Vec<String>,
     prompt_tokens: Option<u64>,
     return_prompt_ids: bool,
+    /// Wire-streaming session (see [`LiveStreams`]); `None` for in-process streams.
+    session: Option<String>,
+    seq: u64,
+}
+
+/// Live states of wire streams, keyed by session id. A hit (same session, the expected `seq`
+/// and request id) resumes the stored state, so a call costs its chunk; anything else —
+/// another server, an evicted or replayed state — rebuilds from the carried state. Bounded:
+/// the least recently used session is evicted past [`LiveStreams::CAPACITY`].
+#[derive(Default)]
+pub(crate) struct LiveStreams {
+    map: std::collections::HashMap<String, LiveEntry>,
+    clock: u64,
+}
+
+struct LiveEntry {
+    seq: u64,
+    request_id: String,
+    stream: ChatDerenderStream,
+    used: u64,
+}
+
+impl std::fmt::Debug for LiveStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveStreams")
+            .field("len", &self.map.len())
+            .finish()
+    }
+}
+
+impl LiveStreams {
+    pub(crate) const CAPACITY: usize = 4096;
+
+    fn take(&mut self, session: &str, seq: u64, request_id: &str) -> Option<ChatDerenderStream> {
+        let hit = self
+            .map
+            .get(session)
+            .is_some_and(|e| e.seq == seq && e.request_id == request_id);
+        if hit {
+            self.map.remove(session).map(|e| e.stream)
+        } else {
+            None
+        }
+    }
+
+    fn put(&mut self, session: String, seq: u64, request_id: String, stream: ChatDerenderStream) {
+        self.clock += 1;
+        if self.map.len() >= Self::CAPACITY && !self.map.contains_key(&session) {
+            if let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| k.clone())
+            {
+                self.map.remove(&oldest);
+            }
+        }
+        let used = self.clock;
+        self.map.insert(
+            session,
+            LiveEntry {
+                seq,
+                request_id,
+                stream,
+                used,
+            },
+        );
+    }
+
+    fn remove(&mut self, session: &str) {
+        self.map.remove(session);
+    }
+}
+
+fn new_session_id() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..16)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect()
 }
 
 impl std::fmt::Debug for ChatDerenderStream {
@@ -211,6 +291,8 @@ impl Derenderer {
             tool_ids: Vec::new(),
             prompt_tokens: None,
             return_prompt_ids: req.and_then(|r| r.return_token_ids).unwrap_or(false),
+            session: None,
+            seq: 0,
             ctx,
         })
     }
@@ -458,6 +540,8 @@ impl ChatDerenderStream {
                 finished: self.decode.finished,
                 detokenizer: det,
                 parser_text: self.parser_text.clone(),
+                session: self.session.clone(),
+                seq: self.seq,
             }),
         }
     }
@@ -576,6 +660,8 @@ impl CompletionDerenderStream {
                 finished: self.decode.finished,
                 detokenizer: det,
                 parser_text: String::new(),
+                session: None,
+                seq: 0,
             }),
             ..DerenderStreamState::default()
         }
@@ -719,6 +805,23 @@ impl Derenderer {
         let before = check_state(self, &state)?;
         check_total(self, prompt_ids.map_or(0, <[u32]>::len), before, chunk)?;
 
+        // Fast path: this server holds the stream's live state from the previous call.
+        if let (Some(a), false) = (&state.aphro, chunk.choices.is_empty()) {
+            if let Some(session) = &a.session {
+                let cached = self
+                    .inner()
+                    .live
+                    .lock()
+                    .ok()
+                    .and_then(|mut l| l.take(session, a.seq, &chunk.request_id));
+                if let Some(mut s) = cached {
+                    s.model = model;
+                    s.prompt_tokens = req.prompt_tokens;
+                    return self.finish_wire_call(s, chunk);
+                }
+            }
+        }
+
         let mut s = self.chat_stream(
             req.chat_request.as_ref(),
             chunk.request_id.clone(),
@@ -751,10 +854,38 @@ impl Derenderer {
             }
             s.parser_text = text;
         }
+        s.session = Some(
+            state
+                .aphro
+                .as_ref()
+                .and_then(|a| a.session.clone())
+                .unwrap_or_else(new_session_id),
+        );
+        s.seq = state.aphro.as_ref().map_or(0, |a| a.seq);
+        self.finish_wire_call(s, chunk)
+    }
+
+    /// Push one chunk, advance the session, and keep the live state for the next call unless
+    /// the stream finished.
+    fn finish_wire_call(
+        &self,
+        mut s: ChatDerenderStream,
+        chunk: &GenerateStreamResponse,
+    ) -> Result<DerenderChatStreamResponse> {
         let out = s.push(chunk)?;
+        s.seq += 1;
+        let stream_state = s.wire_state();
+        if let (Some(session), Ok(mut live)) = (s.session.clone(), self.inner().live.lock()) {
+            if s.decode.finished {
+                live.remove(&session);
+            } else {
+                let (seq, id) = (s.seq, chunk.request_id.clone());
+                live.put(session, seq, id, s);
+            }
+        }
         Ok(DerenderChatStreamResponse {
             chunk: out,
-            stream_state: s.wire_state(),
+            stream_state,
         })
     }
 

@@ -163,6 +163,14 @@ pub struct AphroStreamState {
     /// Text fed to the parser so far (empty without a parser).
     #[serde(default)]
     pub parser_text: String,
+    /// Names this stream's live state on the server that issued it; with `seq` it lets that
+    /// server resume the parser in O(chunk) instead of rebuilding it from `parser_text`.
+    /// Any other server (or a miss) falls back to the rebuild, so the state stays portable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Calls answered so far in this session.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 fn one() -> u32 {

@@ -729,17 +729,19 @@ impl ServingStream {
                         sampling_mask: None,
                         weight_versions: None,
                     };
-                    return Some(Ok(GenerateStreamEvent::Chunk(GenerateStreamResponse {
-                        request_id: self.request_id.clone(),
-                        output_mode: self.output_mode.as_str().into(),
-                        choices: vec![choice],
-                        usage: self
-                            .continuous_usage
-                            .then(|| UsageInfo::new(self.prompt.len(), completion)),
-                        prompt_token_ids,
-                        mm_placeholders: None,
-                        metrics: None,
-                    })));
+                    return Some(Ok(GenerateStreamEvent::Chunk(Box::new(
+                        GenerateStreamResponse {
+                            request_id: self.request_id.clone(),
+                            output_mode: self.output_mode.as_str().into(),
+                            choices: vec![choice],
+                            usage: self
+                                .continuous_usage
+                                .then(|| UsageInfo::new(self.prompt.len(), completion)),
+                            prompt_token_ids,
+                            mm_placeholders: None,
+                            metrics: None,
+                        },
+                    ))));
                 }
                 None => {
                     if self.include_usage && !self.usage_sent {

@@ -226,7 +226,7 @@ pub struct GenerateUsageEvent {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum GenerateStreamEvent {
-    Chunk(GenerateStreamResponse),
+    Chunk(Box<GenerateStreamResponse>),
     Usage(GenerateUsageEvent),
 }
 

@@ -13,6 +13,7 @@ pub mod generate;
 pub(crate) mod io;
 pub mod launch;
 pub mod render;
+pub mod serve;
 pub mod server_args;
 pub mod tokenize;
 
@@ -47,6 +48,8 @@ pub enum Command {
     /// Run GenerateRequest bodies (the render output) through the engine, offline; with
     /// `--jsonl` the whole file is one batch.
     Generate(generate::Args),
+    /// Serve the OpenAI API + render/derender/generate; with --tokens-only the engine alone.
+    Serve(serve::Args),
     /// Engine throughput: prefill, batch-1 decode and aggregate decode tok/s.
     Bench(bench::Args),
 }
@@ -64,6 +67,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Detokenize(args) => detokenize::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
     }
 }

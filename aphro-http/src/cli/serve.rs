@@ -2,7 +2,9 @@
 //! with `--tokens-only` the token-in/token-out engine alone (no tokenizer is loaded).
 //! Without MODEL it serves the embedded default model.
 use super::generate::EngineArgs;
-use super::server_args::{build_derenderer, build_renderer, served_names, FrontendArgs, ServerArgs};
+use super::server_args::{
+    build_derenderer, build_renderer, served_names, FrontendArgs, ServerArgs,
+};
 use crate::server::{self, AppState, Role, ServerSettings};
 use anyhow::Context;
 use aphro_core::Model;
@@ -43,7 +45,11 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let engine = Arc::new(ServingEngine::new(cfg).context("starting the engine")?);
     let max_model_len = engine.max_model_len();
     let settings = ServerSettings {
-        role: if args.tokens_only { Role::TokensOnly } else { Role::Full },
+        role: if args.tokens_only {
+            Role::TokensOnly
+        } else {
+            Role::Full
+        },
         served_model_names: served.clone(),
         model_root: model_path.clone(),
         max_model_len,
@@ -53,11 +59,21 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     };
     let mut state = AppState::new(settings).with_engine(engine);
     if !args.tokens_only {
-        let model = Arc::new(Model::load(&model_path).with_context(|| format!("loading tokenizer of `{model_path}`"))?);
+        let model = Arc::new(
+            Model::load(&model_path)
+                .with_context(|| format!("loading tokenizer of `{model_path}`"))?,
+        );
         let renderer = build_renderer(model.clone(), &args.frontend, &served, Some(max_model_len))?;
         let derenderer = build_derenderer(model, &args.frontend, &served, Some(max_model_len))?;
-        state = state.with_renderer(Arc::new(renderer)).with_derenderer(Arc::new(derenderer));
+        state = state
+            .with_renderer(Arc::new(renderer))
+            .with_derenderer(Arc::new(derenderer));
     }
-    server::run_blocking(state, &args.server.host, args.server.port, args.server.timeout_keep_alive)?;
+    server::run_blocking(
+        state,
+        &args.server.host,
+        args.server.port,
+        args.server.timeout_keep_alive,
+    )?;
     Ok(ExitCode::SUCCESS)
 }

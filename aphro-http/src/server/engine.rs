@@ -79,6 +79,7 @@ async fn generate(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let value = json_body(&headers, &body)?;
+    super::unsupported::check_generate(&value)?;
     let engine = engine(&state)?.clone();
     if let Some(model) = value.get("model").and_then(Value::as_str) {
         state.resolve_model(Some(model))?;
@@ -89,6 +90,7 @@ async fn generate(
             .await;
     }
     let stream = engine.generate(req, header_request_id(&headers))?;
+    tracing::info!(request_id = %stream.request_id(), "generate");
     if stream_requested(&value) {
         let events = stream
             .into_events()

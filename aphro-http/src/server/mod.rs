@@ -13,6 +13,7 @@ mod common;
 pub mod engine;
 pub mod openai;
 pub mod render;
+pub mod unsupported;
 
 use crate::auth::{require_api_key, ApiKeys};
 use crate::error::route_not_found;

@@ -55,6 +55,7 @@ async fn chat_completions(
     let renderer = renderer(&state)?.clone();
     let derenderer = derenderer(&state)?.clone();
     let engine = engine(&state)?.clone();
+    super::unsupported::check_openai(&body)?;
     let chat: ChatCompletionRequest = parse_chat_request(&body)?;
     let id = header_request_id(&headers).map(str::to_owned);
     let chat_for_render = chat.clone();
@@ -64,6 +65,7 @@ async fn chat_completions(
     .await
     .map_err(internal)??;
     let chat_id = rendered.request_id.clone();
+    tracing::info!(request_id = %chat_id, prompt_tokens = rendered.token_ids.len(), stream = chat.stream, "chat completion");
     let prompt_ids = rendered.token_ids.clone();
     if chat.stream {
         let n = rendered.sampling_params.n.max(1) as usize;
@@ -114,6 +116,7 @@ async fn completions(
     let renderer = renderer(&state)?.clone();
     let derenderer = derenderer(&state)?.clone();
     let engine = engine(&state)?.clone();
+    super::unsupported::check_openai(&body)?;
     let req = parse_completion_request(&body)?;
     let id = header_request_id(&headers).map(str::to_owned);
     let req_for_render = req.clone();
