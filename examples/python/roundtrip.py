@@ -1,7 +1,8 @@
 """Render -> generate -> derender, in one process, on the default model (SmolLM2-135M GGUF).
 
 The three stages of `/v1/chat/completions`, called one by one: what the integrated server does
-internally, and what the disaggregated deployment does across three processes.
+internally, and what the disaggregated deployment does across three processes (the same
+seed round trip over HTTP: examples/http/seed_round_trip.py).
 
     python examples/python/roundtrip.py
 """

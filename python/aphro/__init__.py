@@ -20,6 +20,7 @@ import functools
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from .cli import serve
 from ._errors import AphroError, BadRequestError, InternalServerError, NotFoundError
 from ._aphro import (
     ChatStream,
@@ -56,6 +57,7 @@ __all__ = [
     "tokenize",
     "detokenize",
     "default_model_path",
+    "serve",
     "__version__",
 ]
 if _HAS_ENGINE:

@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence, Union
 
 _HINT = (
     "aphro: the `aphro` server binary was not found. Build it with "
@@ -49,6 +49,53 @@ def find_binary() -> Optional[str]:
         if cand.is_file() and os.access(cand, os.X_OK):
             return str(cand)
     return None
+
+
+def serve(
+    model: Optional[str] = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    command: Sequence[str] = ("serve",),
+    wait: bool = True,
+    **flags: Any,
+) -> Union[int, "subprocess.Popen[bytes]"]:
+    """Runs the HTTP server (the Rust binary) as a child process.
+
+    ``aphro.serve("model.gguf", port=8000, max_model_len=4096)`` runs
+    ``aphro serve model.gguf --host 127.0.0.1 --port 8000 --max-model-len 4096``; use
+    ``command=("launch", "render")`` for the GPU-less render/derender frontend. Keyword flags
+    become ``--kebab-case`` options (``True`` -> a bare flag, ``False``/``None`` -> omitted, a
+    list -> repeated values). With ``wait=False`` the ``subprocess.Popen`` is returned;
+    otherwise the call blocks and returns the exit status.
+    """
+    import subprocess
+
+    binary = find_binary()
+    if binary is None:
+        raise FileNotFoundError(_HINT)
+    argv = [binary, *command]
+    if model is not None:
+        argv.append(os.fspath(model))
+    argv += ["--host", host, "--port", str(port)]
+    for key, value in flags.items():
+        opt = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(opt)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [opt, *map(str, value)]
+        else:
+            argv += [opt, str(value)]
+    proc = subprocess.Popen(argv)
+    if not wait:
+        return proc
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return proc.wait()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

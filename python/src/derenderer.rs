@@ -142,10 +142,8 @@ impl PyDerenderer {
         let d = &self.inner;
         let out = py.detach(|| {
             parse_derender_chat_body(&body).and_then(|b| match b {
-                DerenderChatBody::Full(r) => d.derender_chat(*r).map(|x| serde_json::to_value(x)),
-                DerenderChatBody::Stream(r) => {
-                    d.derender_chat_stream(*r).map(|x| serde_json::to_value(x))
-                }
+                DerenderChatBody::Full(r) => d.derender_chat(*r).map(serde_json::to_value),
+                DerenderChatBody::Stream(r) => d.derender_chat_stream(*r).map(serde_json::to_value),
             })
         });
         let value = out
@@ -207,11 +205,11 @@ impl PyDerenderer {
         let out = py.detach(|| {
             parse_derender_completion_body(&body).and_then(|b| match b {
                 DerenderCompletionBody::Full(r) => {
-                    d.derender_completion(*r).map(|x| serde_json::to_value(x))
+                    d.derender_completion(*r).map(serde_json::to_value)
                 }
-                DerenderCompletionBody::Stream(r) => d
-                    .derender_completion_stream(*r)
-                    .map(|x| serde_json::to_value(x)),
+                DerenderCompletionBody::Stream(r) => {
+                    d.derender_completion_stream(*r).map(serde_json::to_value)
+                }
             })
         });
         let value = out

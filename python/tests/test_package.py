@@ -52,3 +52,17 @@ def test_console_script_runs_binary(tmp_path):
     )
     assert r.returncode == 0
     assert r.stdout.strip() == "fake-aphro serve --port 1"
+
+
+def test_serve_builds_the_command_line(tmp_path, monkeypatch):
+    fake = tmp_path / "aphro-bin"
+    out = tmp_path / "argv"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {out}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("APHRO_BIN", str(fake))
+    rc = aphro.serve("m.gguf", port=9001, max_model_len=64, enable_prefix_caching=True, api_key=None)
+    assert rc == 0
+    assert out.read_text().split() == [
+        "serve", "m.gguf", "--host", "127.0.0.1", "--port", "9001",
+        "--max-model-len", "64", "--enable-prefix-caching",
+    ]
