@@ -269,7 +269,7 @@ fn streaming_errors_are_400() {
             &d,
             json!({"stream": true, "generate_chunk": chunk, "prompt_token_ids": [1],
                    "chat_request": chat_req(),
-                   "stream_state": {"aphro": {"v": 1, "tokens": 1, "detokenizer":
+                   "stream_state": {"aphro": {"v": 2, "tokens": 1, "detokenizer":
                        {"ids": [1], "read_offset": 5, "skip_special_tokens": false}}}}),
         ),
         400,
@@ -530,4 +530,94 @@ fn no_panic_on_odd_input() {
     ] {
         let _ = chat(&d, body);
     }
+}
+
+/// The carried parser snapshot is client data: a forged, foreign or outdated one is a 400 on
+/// the portable path (no live state to resume), never a panic.
+#[test]
+fn tampered_parser_state_is_400() {
+    let d = derenderer(true);
+    let first = json!({"request_id": "r", "choices": [
+        {"index": 0, "token_ids": ids(&d, "<think>a</think>Hi <tool_call>{"), "finish_reason": null}]});
+    let out = chat(
+        &d,
+        json!({"stream": true, "generate_chunk": first, "prompt_token_ids": [1],
+               "chat_request": chat_req()}),
+    )
+    .expect("first call");
+    let mut state = out["stream_state"].clone();
+    assert_eq!(state["aphro"]["v"], 2);
+    assert_eq!(state["aphro"]["parser"]["tool"]["kind"], "format");
+    // Portable path: no session, so the snapshot is what the server resumes from.
+    state["aphro"]["session"] = Value::Null;
+    let next = json!({"request_id": "r", "choices": [
+        {"index": 0, "token_ids": ids(&d, "\"name\": \"f\"}"), "finish_reason": null}]});
+    let call = |st: &Value| {
+        chat(
+            &d,
+            json!({"stream": true, "generate_chunk": next, "prompt_token_ids": [1],
+                   "chat_request": chat_req(), "stream_state": st}),
+        )
+    };
+    call(&state).expect("untampered state resumes");
+    let tampered = |f: &dyn Fn(&mut Value)| {
+        let mut s = state.clone();
+        f(&mut s);
+        s
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"]["emitted"] = json!(1_000_000)),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"]["found"] = json!(u64::MAX)),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["reasoning"] = json!({"kind": "buffered", "buf": ""})),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"] = json!({"kind": "none"})),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["v"] = json!(7)),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"]["kind"] = json!("bogus")),
+            "unknown variant",
+        ),
+        (
+            tampered(&|s| {
+                if let Some(a) = s["aphro"].as_object_mut() {
+                    a.remove("parser");
+                }
+            }),
+            "aphro.parser is missing",
+        ),
+        (
+            tampered(&|s| {
+                s["aphro"]["v"] = json!(1);
+                s["aphro"]["parser_text"] = json!("<think>a</think>Hi <tool_call>{");
+            }),
+            "unsupported state version 1",
+        ),
+    ];
+    for (st, needle) in cases {
+        expect_err(call(&st), 400, needle);
+    }
+    // A parser snapshot sent to a server without parsers.
+    let plain = derenderer(false);
+    expect_err(
+        chat(
+            &plain,
+            json!({"stream": true, "generate_chunk": next, "prompt_token_ids": [1],
+                   "chat_request": chat_req(), "stream_state": state}),
+        ),
+        400,
+        "no tool or reasoning parser is configured",
+    );
 }

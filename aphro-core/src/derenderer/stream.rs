@@ -18,6 +18,7 @@ use aphro_parsers::{DeltaMessage, StreamParser};
 const LOGPROB_CONTEXT: usize = 4;
 /// vLLM's limit on `prev_tokens`.
 const MAX_PREV_TOKENS: usize = 1024;
+use crate::protocol::STREAM_STATE_VERSION as STATE_VERSION;
 
 /// Shared decode state of a streamed choice (detokenizer + stop strings + counters).
 struct Decode {
@@ -155,9 +156,6 @@ pub struct ChatDerenderStream {
     index: usize,
     decode: Decode,
     parser: Option<Box<dyn StreamParser>>,
-    /// Keep the parser input for the wire state.
-    record: bool,
-    parser_text: String,
     role_sent: bool,
     tools_streamed: bool,
     tool_ids: Vec<String>,
@@ -284,8 +282,6 @@ impl Derenderer {
             index,
             decode,
             parser,
-            record: false,
-            parser_text: String::new(),
             role_sent: false,
             tools_streamed: false,
             tool_ids: Vec::new(),
@@ -416,9 +412,6 @@ impl ChatDerenderStream {
         let mut dm = DeltaMessage::default();
         match &mut self.parser {
             Some(p) => {
-                if self.record {
-                    self.parser_text.push_str(&step.text);
-                }
                 if !step.text.is_empty() {
                     dm = p.push(&step.text);
                 }
@@ -535,11 +528,11 @@ impl ChatDerenderStream {
             tools_streamed: self.tools_streamed,
             last_tool_call_ids: self.tool_ids.clone(),
             aphro: Some(AphroStreamState {
-                v: 1,
+                v: STATE_VERSION,
                 tokens: self.decode.tokens,
                 finished: self.decode.finished,
                 detokenizer: det,
-                parser_text: self.parser_text.clone(),
+                parser: self.parser.as_ref().and_then(|p| p.snapshot()),
                 session: self.session.clone(),
                 seq: self.seq,
             }),
@@ -655,11 +648,11 @@ impl CompletionDerenderStream {
             logprob_context_token_ids: self.decode.logprob_ctx.clone(),
             logprob_text_offset: self.text_offset,
             aphro: Some(AphroStreamState {
-                v: 1,
+                v: STATE_VERSION,
                 tokens: self.decode.tokens,
                 finished: self.decode.finished,
                 detokenizer: det,
-                parser_text: String::new(),
+                parser: None,
                 session: None,
                 seq: 0,
             }),
@@ -696,7 +689,7 @@ fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
     let mml = d.max_model_len();
     match &s.aphro {
         Some(a) => {
-            if a.v != 1 {
+            if a.v != STATE_VERSION {
                 return Err(bad(format!("unsupported state version {}", a.v)));
             }
             a.detokenizer.validate().map_err(|e| bad(e.to_string()))?;
@@ -706,9 +699,10 @@ fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
             if a.tokens > mml as u64 {
                 return Err(bad(format!("more than max_model_len={mml} tokens")));
             }
+            // Held text is at most the generated text (bounded like its tokens).
             let max_text = mml.saturating_mul(256);
-            if a.parser_text.len() > max_text {
-                return Err(bad("parser_text is longer than max_model_len allows".into()));
+            if a.parser.as_ref().is_some_and(|p| p.held_bytes() > max_text) {
+                return Err(bad("parser state is longer than max_model_len allows".into()));
             }
             Ok(a.tokens)
         }
@@ -759,8 +753,9 @@ fn reject_stop(stop: Option<&crate::protocol::StopSpec>) -> Result<()> {
 
 impl Derenderer {
     /// `POST /v1/chat/completions/derender` with `stream: true` (§6.2): one call per generate
-    /// event, state carried by the client. Per-call work: this chunk's tokens, plus one linear
-    /// scan of `parser_text` when a parser is configured (see [`crate::protocol::derender`]).
+    /// event, state carried by the client. Per-call work: this chunk's tokens, plus restoring
+    /// the parser from its snapshot (the text it has not settled yet; see
+    /// [`crate::protocol::derender`]) unless this server still holds the stream's live state.
     pub fn derender_chat_stream(
         &self,
         req: DerenderChatStreamRequest,
@@ -830,7 +825,6 @@ impl Derenderer {
         )?;
         s.model = model;
         s.prompt_tokens = req.prompt_tokens;
-        s.record = true;
         s.role_sent = state.role_sent;
         s.tools_streamed = state.tools_streamed;
         s.tool_ids = state.last_tool_call_ids.clone();
@@ -843,17 +837,7 @@ impl Derenderer {
         }
         s.index = chunk.choices[0].index;
         self.resume(&mut s.decode, &state, prompt_ids, s.ctx.detok)?;
-        // Rebuild the parser: one push of the carried text, output discarded.
-        let text = match &state.aphro {
-            Some(a) => a.parser_text.clone(),
-            None => self.replay_text(&state, prompt_ids, s.ctx.detok),
-        };
-        if let Some(p) = &mut s.parser {
-            if !text.is_empty() {
-                let _ = p.push(&text);
-            }
-            s.parser_text = text;
-        }
+        self.resume_parser(&mut s, &state, prompt_ids)?;
         s.session = Some(
             state
                 .aphro
@@ -917,6 +901,40 @@ impl Derenderer {
             None => {}
         }
         dec.logprob_ctx = state.logprob_context_token_ids.clone();
+        Ok(())
+    }
+
+    /// Sets the parser of a rebuilt stream to where the carried state left it: restored from
+    /// the snapshot (no replay), or for a vLLM-produced state fed the text of its replay ids
+    /// once (output discarded).
+    fn resume_parser(
+        &self,
+        s: &mut ChatDerenderStream,
+        state: &DerenderStreamState,
+        prompt_ids: Option<&[u32]>,
+    ) -> Result<()> {
+        let bad = |m: String| Error::bad_request(format!("invalid stream_state: {m}"));
+        match (&state.aphro, s.parser.as_mut(), s.ctx.parser_cfg.as_ref()) {
+            (Some(a), Some(p), Some(cfg)) => match &a.parser {
+                Some(snap) => *p = self.restore_parser(cfg, snap.clone())?,
+                // The state of a call that produced no output yet: a fresh parser is right.
+                None if a.tokens == 0 => {}
+                None => return Err(bad("aphro.parser is missing".into())),
+            },
+            (Some(a), None, _) if a.parser.is_some() => {
+                return Err(bad(
+                    "aphro.parser is set but no tool or reasoning parser is configured".into(),
+                ))
+            }
+            (Some(_), _, _) => {}
+            (None, Some(p), _) => {
+                let text = self.replay_text(state, prompt_ids, s.ctx.detok);
+                if !text.is_empty() {
+                    let _ = p.push(&text);
+                }
+            }
+            (None, None, _) => {}
+        }
         Ok(())
     }
 
