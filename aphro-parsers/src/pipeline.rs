@@ -1,7 +1,7 @@
 //! The combined parser: a reasoning stage feeding a tool stage.
 use crate::reasoning::{ReasoningStage, StageOut};
-use crate::tools::ToolStage;
 use crate::snapshot::{ParserSnapshot, SNAPSHOT_VERSION};
+use crate::tools::ToolStage;
 use crate::{DeltaMessage, ParserError, StreamParser};
 
 /// Reasoning split first, tool extraction on the content part (`api.md` §11). Built by

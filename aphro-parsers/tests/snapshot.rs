@@ -204,7 +204,11 @@ fn snapshot_of_an_ordinary_answer_stays_small() {
         }
         // llama3_json holds everything under `auto` (a later call drops all prose); it streams
         // with `tool_choice: "none"`.
-        let c = if *tool == Some("llama3_json") { &c } else { &auto };
+        let c = if *tool == Some("llama3_json") {
+            &c
+        } else {
+            &auto
+        };
         let mut p = reg.new_parser(*tool, *reasoning, c).expect("parser");
         let mut max_json = 0usize;
         let mut rest = text.as_str();
@@ -260,15 +264,11 @@ fn foreign_or_malformed_snapshots_are_errors() {
     let mut v = serde_json::to_value(&s).expect("json");
     v["tool"]["emitted"] = Value::from(1_000_000u64);
     let bad: ParserSnapshot = serde_json::from_value(v).expect("still the right shape");
-    assert!(reg
-        .restore(Some("hermes"), Some("qwen3"), &c, bad)
-        .is_err());
+    assert!(reg.restore(Some("hermes"), Some("qwen3"), &c, bad).is_err());
     let mut v = serde_json::to_value(&s).expect("json");
     v["v"] = Value::from(99u64);
     let bad: ParserSnapshot = serde_json::from_value(v).expect("still the right shape");
-    assert!(reg
-        .restore(Some("hermes"), Some("qwen3"), &c, bad)
-        .is_err());
+    assert!(reg.restore(Some("hermes"), Some("qwen3"), &c, bad).is_err());
 }
 
 /// Every number in a snapshot replaced by arbitrary values: restoring is an error or a parser

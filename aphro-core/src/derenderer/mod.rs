@@ -743,12 +743,15 @@ impl Derenderer {
                 .and_then(|l| l.content.as_ref())
                 .map(|content| {
                     let show = self.show(ctx.as_ids);
+                    let mut lp_ctx = Vec::new();
                     ChatCompletionLogProbs {
                         content: Some(
                             content
                                 .iter()
                                 .take(kept.len())
-                                .map(|e| logprobs::chat_entry(&show, e, ctx.top_logprobs))
+                                .map(|e| {
+                                    logprobs::chat_entry(&show, e, ctx.top_logprobs, &mut lp_ctx)
+                                })
                                 .collect(),
                         ),
                     }
@@ -917,6 +920,7 @@ impl Derenderer {
                     ctx.logprobs,
                     &mut offset,
                     &mut out,
+                    &mut Vec::new(),
                 );
                 out
             });

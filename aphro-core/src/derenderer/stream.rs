@@ -14,8 +14,8 @@ use crate::protocol::{
 use crate::stop::StopState;
 use aphro_parsers::{DeltaMessage, StreamParser};
 
-/// Most prompt-adjacent ids kept for logprob token repair (vLLM's limit).
-const LOGPROB_CONTEXT: usize = 4;
+/// Most preceding sampled ids kept for logprob token repair (vLLM's limit).
+const LOGPROB_CONTEXT: usize = logprobs::CONTEXT;
 /// vLLM's limit on `prev_tokens`.
 const MAX_PREV_TOKENS: usize = 1024;
 use crate::protocol::STREAM_STATE_VERSION as STATE_VERSION;
@@ -120,9 +120,8 @@ impl Decode {
         };
         self.tokens = total;
         self.finished = finish.is_some();
-        self.logprob_ctx.extend_from_slice(kept);
-        let drop = self.logprob_ctx.len().saturating_sub(LOGPROB_CONTEXT);
-        self.logprob_ctx.drain(..drop);
+        // vLLM advances the repair context by the chunk's sampled ids.
+        logprobs::advance(&mut self.logprob_ctx, ids);
         Ok(Step {
             text,
             kept: kept.len(),
@@ -401,6 +400,7 @@ impl ChatDerenderStream {
     /// One choice delta (bounds of the choice are the caller's; `push` checks them).
     pub fn push_choice(&mut self, c: &GenerateChoice) -> Result<ChatStreamChoice> {
         let ctx = &self.ctx;
+        let mut lp_ctx = self.decode.logprob_ctx.clone();
         let step = self.decode.step(
             &self.d,
             c,
@@ -491,7 +491,7 @@ impl ChatDerenderStream {
                     content: Some(
                         entries
                             .iter()
-                            .map(|e| logprobs::chat_entry(&show, e, ctx.top_logprobs))
+                            .map(|e| logprobs::chat_entry(&show, e, ctx.top_logprobs, &mut lp_ctx))
                             .collect(),
                     ),
                 }
@@ -600,6 +600,7 @@ impl CompletionDerenderStream {
 
     pub fn push_choice(&mut self, c: &GenerateChoice) -> Result<CompletionStreamChoice> {
         let ctx = &self.ctx;
+        let mut lp_ctx = self.decode.logprob_ctx.clone();
         let step = self.decode.step(
             &self.d,
             c,
@@ -621,6 +622,7 @@ impl CompletionDerenderStream {
                 ctx.logprobs,
                 &mut self.text_offset,
                 &mut out,
+                &mut lp_ctx,
             );
             out
         });
@@ -702,7 +704,9 @@ fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
             // Held text is at most the generated text (bounded like its tokens).
             let max_text = mml.saturating_mul(256);
             if a.parser.as_ref().is_some_and(|p| p.held_bytes() > max_text) {
-                return Err(bad("parser state is longer than max_model_len allows".into()));
+                return Err(bad(
+                    "parser state is longer than max_model_len allows".into()
+                ));
             }
             Ok(a.tokens)
         }

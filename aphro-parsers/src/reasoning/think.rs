@@ -8,8 +8,8 @@
 use super::{ReasoningStage, StageOut};
 use crate::snapshot::ReasoningSnapshot;
 
-pub use State as ThinkPhase;
 use crate::scan::{find_earliest, partial_suffix_len, trailing_ws_len};
+pub use State as ThinkPhase;
 
 /// Per-format behaviour of [`ThinkStage`].
 #[derive(Debug, Clone)]

@@ -649,11 +649,7 @@ impl ToolStage for FormatStage {
             buf: self.buf[k..].to_string(),
             present: self.present,
             emitted: self.emitted - k,
-            scan_from: if self.blocked {
-                0
-            } else {
-                self.scan_from - k
-            },
+            scan_from: if self.blocked { 0 } else { self.scan_from - k },
             blocked: self.blocked,
             found: self.found,
             sent: self
