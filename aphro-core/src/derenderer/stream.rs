@@ -172,6 +172,8 @@ pub struct ChatDerenderStream {
 #[derive(Default)]
 pub(crate) struct LiveStreams {
     map: std::collections::HashMap<String, LiveEntry>,
+    /// Sessions by last use, oldest first: eviction is O(log n), not a scan of the map.
+    order: std::collections::BTreeMap<u64, String>,
     clock: u64,
 }
 
@@ -199,7 +201,7 @@ impl LiveStreams {
             .get(session)
             .is_some_and(|e| e.seq == seq && e.request_id == request_id);
         if hit {
-            self.map.remove(session).map(|e| e.stream)
+            self.remove_entry(session).map(|e| e.stream)
         } else {
             None
         }
@@ -207,17 +209,15 @@ impl LiveStreams {
 
     fn put(&mut self, session: String, seq: u64, request_id: String, stream: ChatDerenderStream) {
         self.clock += 1;
-        if self.map.len() >= Self::CAPACITY && !self.map.contains_key(&session) {
-            if let Some(oldest) = self
-                .map
-                .iter()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(k, _)| k.clone())
-            {
-                self.map.remove(&oldest);
-            }
+        self.remove_entry(&session);
+        while self.map.len() >= Self::CAPACITY {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.map.remove(&oldest);
         }
         let used = self.clock;
+        self.order.insert(used, session.clone());
         self.map.insert(
             session,
             LiveEntry {
@@ -230,7 +230,13 @@ impl LiveStreams {
     }
 
     fn remove(&mut self, session: &str) {
-        self.map.remove(session);
+        self.remove_entry(session);
+    }
+
+    fn remove_entry(&mut self, session: &str) -> Option<LiveEntry> {
+        let e = self.map.remove(session)?;
+        self.order.remove(&e.used);
+        Some(e)
     }
 }
 
