@@ -1,7 +1,8 @@
 //! Derender cost: streamed chat derender of 1k / 4k / 16k-token outputs with the hermes + qwen3
 //! parsers (time per output token should be flat), in-process (`ChatDerenderStream::push`) and
-//! through the stateless wire form (state serialized to JSON and back on every call), plus
-//! one-shot `derender_chat` requests per second.
+//! through the stateless wire form in 8-token chunks (state serialized to JSON and back on every
+//! call; resumed from the server's live copy, and restored from the carried parser snapshot as
+//! on another replica), plus one-shot `derender_chat` requests per second.
 //!
 //! `APHRO_ASSETS=/path/to/.assets cargo bench -p aphro-core --bench derender`
 use aphro_core::protocol::{
@@ -117,43 +118,56 @@ fn streamed(c: &mut Criterion) {
     }
     g.finish();
 
-    let mut g = c.benchmark_group("derender_stream_wire");
-    g.sample_size(10)
-        .measurement_time(Duration::from_secs(3))
-        .warm_up_time(Duration::from_secs(1));
-    for n in [1024usize, 4096, 16384] {
-        let ids = output_ids(&d, n);
-        // 8-token chunks (a typical stream_interval), state through JSON text each call.
-        let chunks: Vec<GenerateStreamResponse> = ids
-            .chunks(8)
-            .enumerate()
-            .map(|(i, c)| chunk(c, (i + 1) * 8 >= ids.len()))
-            .collect();
-        g.throughput(Throughput::Elements(ids.len() as u64));
-        g.bench_with_input(BenchmarkId::from_parameter(n), &chunks, |b, chunks| {
-            b.iter(|| {
-                let mut state: Option<DerenderStreamState> = None;
-                for ch in chunks {
-                    let r = d.derender_chat_stream(DerenderChatStreamRequest {
-                        stream: true,
-                        model: None,
-                        generate_chunk: ch.clone(),
-                        stream_state: state.take(),
-                        prompt_tokens: Some(prompt.len() as u64),
-                        prompt_token_ids: Some(prompt.clone()),
-                        chat_request: Some(req.clone()),
-                    });
-                    let r = match r {
-                        Ok(r) => r,
-                        Err(e) => panic!("{e}"),
-                    };
-                    let text = serde_json::to_string(&r.stream_state).unwrap_or_default();
-                    state = serde_json::from_str(&text).ok();
-                }
-            })
-        });
+    // 8-token chunks (a typical stream_interval), state through JSON text each call. `lru`:
+    // the state goes back as issued, so the server resumes its live copy; `portable`: the
+    // session id is dropped, as if each call reached another replica, so every call restores
+    // the parser from the carried snapshot.
+    for (name, portable) in [
+        ("derender_stream_wire_lru", false),
+        ("derender_stream_wire_portable", true),
+    ] {
+        let mut g = c.benchmark_group(name);
+        g.sample_size(10)
+            .measurement_time(Duration::from_secs(3))
+            .warm_up_time(Duration::from_secs(1));
+        for n in [1024usize, 4096, 16384] {
+            let ids = output_ids(&d, n);
+            let chunks: Vec<GenerateStreamResponse> = ids
+                .chunks(8)
+                .enumerate()
+                .map(|(i, c)| chunk(c, (i + 1) * 8 >= ids.len()))
+                .collect();
+            g.throughput(Throughput::Elements(ids.len() as u64));
+            g.bench_with_input(BenchmarkId::from_parameter(n), &chunks, |b, chunks| {
+                b.iter(|| {
+                    let mut state: Option<DerenderStreamState> = None;
+                    for ch in chunks {
+                        let r = d.derender_chat_stream(DerenderChatStreamRequest {
+                            stream: true,
+                            model: None,
+                            generate_chunk: ch.clone(),
+                            stream_state: state.take(),
+                            prompt_tokens: Some(prompt.len() as u64),
+                            prompt_token_ids: Some(prompt.clone()),
+                            chat_request: Some(req.clone()),
+                        });
+                        let r = match r {
+                            Ok(r) => r,
+                            Err(e) => panic!("{e}"),
+                        };
+                        let text = serde_json::to_string(&r.stream_state).unwrap_or_default();
+                        state = serde_json::from_str(&text).ok();
+                        if portable {
+                            if let Some(a) = state.as_mut().and_then(|s| s.aphro.as_mut()) {
+                                a.session = None;
+                            }
+                        }
+                    }
+                })
+            });
+        }
+        g.finish();
     }
-    g.finish();
 }
 
 fn one_shot(c: &mut Criterion) {

@@ -269,7 +269,7 @@ fn streaming_errors_are_400() {
             &d,
             json!({"stream": true, "generate_chunk": chunk, "prompt_token_ids": [1],
                    "chat_request": chat_req(),
-                   "stream_state": {"aphro": {"v": 1, "tokens": 1, "detokenizer":
+                   "stream_state": {"aphro": {"v": 2, "tokens": 1, "detokenizer":
                        {"ids": [1], "read_offset": 5, "skip_special_tokens": false}}}}),
         ),
         400,
@@ -372,6 +372,8 @@ fn chat_shape_matches_observed_vllm() {
         .as_object()
         .map(|o| o.keys().map(String::as_str).collect())
         .unwrap_or_default();
+    // §13: derender leaves the fingerprint to the serving front end.
+    assert_eq!(v["system_fingerprint"], Value::Null);
     assert_eq!(
         keys,
         [
@@ -486,6 +488,87 @@ fn logprobs_resolve_to_chat_and_completion_shapes() {
     assert_eq!(v["object"], "text_completion");
 }
 
+/// §2.4: a token that is part of a multi-byte character decodes to U+FFFD alone; its logprob
+/// `token` is repaired with the preceding sampled ids (vLLM's `_correct_decoded_token`): the
+/// leading pieces give `""`, the completing one the whole character, so the tokens concatenate
+/// to the text — in one response, and across streamed chunks through the carried context.
+#[test]
+fn logprob_tokens_of_split_characters_are_repaired() {
+    let d = derenderer(false);
+    let text = "Crab 🦀, clef 𝄞, ok";
+    let t = ids(&d, text);
+    let tok = &d.model().tokenizer;
+    let alone = |id: u32| tok.decode(&[id], false).expect("decode");
+    assert!(
+        t.iter().any(|&id| alone(id).ends_with('\u{FFFD}')),
+        "the text must hold a character split over tokens"
+    );
+    let entry = |id: u32| {
+        json!({"token_id": id, "logprob": -0.5, "rank": 1,
+               "top_logprobs": [{"token_id": id, "logprob": -0.5, "rank": 1}]})
+    };
+    let check = |lp: &Value| {
+        let entries = lp.as_array().expect("logprob entries");
+        let mut joined = String::new();
+        for (e, &id) in entries.iter().zip(&t) {
+            let token = e["token"].as_str().expect("token");
+            assert!(!token.contains('\u{FFFD}'), "unrepaired token {token:?}");
+            if alone(id).ends_with('\u{FFFD}') {
+                assert_eq!(e["bytes"], json!(token.as_bytes()));
+            }
+            assert_eq!(e["top_logprobs"][0]["token"], e["token"]);
+            joined.push_str(token);
+        }
+        joined
+    };
+    let mut g = gen(json!(t));
+    g["choices"][0]["finish_reason"] = json!("length");
+    g["choices"][0]["logprobs"] =
+        json!({"content": t.iter().map(|&id| entry(id)).collect::<Vec<_>>()});
+    let v = chat(
+        &d,
+        json!({"generate_response": g.clone(),
+               "chat_request": {"messages": [], "logprobs": true, "top_logprobs": 1}}),
+    )
+    .expect("derender");
+    assert_eq!(check(&v["choices"][0]["logprobs"]["content"]), text);
+    let v = completion(
+        &d,
+        json!({"generate_responses": [g], "completion_request": {"prompt": "x", "logprobs": 1}}),
+    )
+    .expect("completion");
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .map(|a| { a.iter().filter_map(Value::as_str).collect::<String>() }),
+        Some(text.to_owned())
+    );
+    // One token per streamed call: the repair context comes from the carried state.
+    let mut state = Value::Null;
+    let mut joined = String::new();
+    for (i, &id) in t.iter().enumerate() {
+        let last = i + 1 == t.len();
+        let r = chat(
+            &d,
+            json!({"stream": true, "stream_state": state,
+                   "chat_request": {"messages": [], "logprobs": true, "top_logprobs": 1},
+                   "generate_chunk": {"request_id": "g", "choices": [{"index": 0,
+                       "token_ids": [id], "finish_reason": if last { json!("length") } else { Value::Null },
+                       "logprobs": {"content": [entry(id)]}}]}}),
+        )
+        .expect("stream call");
+        let e = &r["chunk"]["choices"][0]["logprobs"]["content"][0];
+        let token = e["token"].as_str().expect("token");
+        assert!(
+            !token.contains('\u{FFFD}'),
+            "unrepaired streamed token {token:?}"
+        );
+        joined.push_str(token);
+        state = r["stream_state"].clone();
+    }
+    assert_eq!(joined, text);
+}
+
 #[test]
 fn streaming_usage_only_chunk_and_vllm_state_fields() {
     let d = derenderer(false);
@@ -530,4 +613,96 @@ fn no_panic_on_odd_input() {
     ] {
         let _ = chat(&d, body);
     }
+}
+
+/// The carried parser snapshot is client data: a forged, foreign or outdated one is a 400 on
+/// the portable path (no live state to resume), never a panic.
+#[test]
+fn tampered_parser_state_is_400() {
+    let d = derenderer(true);
+    let first = json!({"request_id": "r", "choices": [
+        {"index": 0, "token_ids": ids(&d, "<think>a</think>Hi <tool_call>{"), "finish_reason": null}]});
+    let out = chat(
+        &d,
+        json!({"stream": true, "generate_chunk": first, "prompt_token_ids": [1],
+               "chat_request": chat_req()}),
+    )
+    .expect("first call");
+    let mut state = out["stream_state"].clone();
+    assert_eq!(state["aphro"]["v"], 2);
+    assert_eq!(state["aphro"]["parser"]["tool"]["kind"], "format");
+    // Portable path: no session, so the snapshot is what the server resumes from.
+    state["aphro"]["session"] = Value::Null;
+    let next = json!({"request_id": "r", "choices": [
+        {"index": 0, "token_ids": ids(&d, "\"name\": \"f\"}"), "finish_reason": null}]});
+    let call = |st: &Value| {
+        chat(
+            &d,
+            json!({"stream": true, "generate_chunk": next, "prompt_token_ids": [1],
+                   "chat_request": chat_req(), "stream_state": st}),
+        )
+    };
+    call(&state).expect("untampered state resumes");
+    let tampered = |f: &dyn Fn(&mut Value)| {
+        let mut s = state.clone();
+        f(&mut s);
+        s
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"]["emitted"] = json!(1_000_000)),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"]["found"] = json!(u64::MAX)),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| {
+                s["aphro"]["parser"]["reasoning"] = json!({"kind": "buffered", "buf": ""})
+            }),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"] = json!({"kind": "none"})),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["v"] = json!(7)),
+            "invalid stream_state",
+        ),
+        (
+            tampered(&|s| s["aphro"]["parser"]["tool"]["kind"] = json!("bogus")),
+            "unknown variant",
+        ),
+        (
+            tampered(&|s| {
+                if let Some(a) = s["aphro"].as_object_mut() {
+                    a.remove("parser");
+                }
+            }),
+            "aphro.parser is missing",
+        ),
+        (
+            tampered(&|s| {
+                s["aphro"]["v"] = json!(1);
+                s["aphro"]["parser_text"] = json!("<think>a</think>Hi <tool_call>{");
+            }),
+            "unsupported state version 1",
+        ),
+    ];
+    for (st, needle) in cases {
+        expect_err(call(&st), 400, needle);
+    }
+    // A parser snapshot sent to a server without parsers.
+    let plain = derenderer(false);
+    expect_err(
+        chat(
+            &plain,
+            json!({"stream": true, "generate_chunk": next, "prompt_token_ids": [1],
+                   "chat_request": chat_req(), "stream_state": state}),
+        ),
+        400,
+        "no tool or reasoning parser is configured",
+    );
 }

@@ -119,12 +119,12 @@ fn one_shot(d: &Derenderer, case: &Value, ids: &[u32], prompt: &[u32]) -> Result
 enum Carry {
     /// Unchanged, as returned (the issuing server resumes its live state).
     AsReturned,
-    /// Without the session id, as if another server answered each call: every call rebuilds
-    /// from the carried text — the portable path must give the same result.
+    /// Without the session id, as if another server answered each call: every call restores
+    /// the parser from the carried snapshot — the portable path must give the same result.
     NoSession,
-    /// With the carried parser text blanked: only correct if the server really resumes its
-    /// live state instead of rebuilding (proves the O(chunk) path is the one taken).
-    NoParserText,
+    /// With the carried parser snapshot removed: only correct if the server really resumes
+    /// its live state instead of restoring (proves the LRU path is the one taken).
+    NoParserState,
 }
 
 fn streamed(
@@ -169,7 +169,7 @@ fn streamed(
             match carry {
                 Carry::AsReturned => {}
                 Carry::NoSession => a.session = None,
-                Carry::NoParserText => a.parser_text.clear(),
+                Carry::NoParserState => a.parser = None,
             }
         }
         state = Some(serde_json::to_value(&back).map_err(|e| e.to_string())?);
@@ -295,7 +295,8 @@ fn corpus_round_trip_through_real_tokenizers() {
                 (1usize, 1usize, Carry::AsReturned),
                 (2, 7, Carry::AsReturned),
                 (2, 7, Carry::NoSession),
-                (2, 7, Carry::NoParserText),
+                (2, 7, Carry::NoParserState),
+                (1, 1, Carry::NoSession),
             ] {
                 match streamed(&d, &case, &ids, &prompt, size, carry) {
                     // Counted once per size; any disagreeing way of carrying is a failure.

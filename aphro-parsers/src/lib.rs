@@ -50,6 +50,13 @@
 //! reasoning parsers) only at `finish()`. `tool_choice: "none"` sends no calls;
 //! `parallel_tool_calls: false` sends only the first.
 
+//! # Suspending and resuming
+//!
+//! [`StreamParser::snapshot`] gives a serde-serializable [`ParserSnapshot`] of a stream's state;
+//! [`ParserRegistry::restore`] rebuilds the parser from it (same names and [`ParserConfig`]), so
+//! a stream can continue in another process. The snapshot holds only text the parser has not
+//! settled (see the [`ParserSnapshot`] docs), so it stays small for ordinary answers.
+//!
 //! # Registry (vLLM names)
 //!
 //! Tool parsers (`--tool-call-parser`): `hermes`, `qwen3_json`, `longcat`, `granite4`, `ernie45`,
@@ -83,11 +90,13 @@ mod pyliteral;
 pub mod reasoning;
 mod registry;
 mod scan;
+mod snapshot;
 pub mod tools;
 
 pub use aggregate::Aggregator;
 pub use config::{ParserConfig, ToolChoice};
 pub use registry::{ParserRegistry, REASONING_PARSERS, TOOL_PARSERS};
+pub use snapshot::{ParserSnapshot, SNAPSHOT_VERSION};
 
 use serde::Serialize;
 
@@ -100,6 +109,9 @@ pub enum ParserError {
     UnknownReasoningParser(String),
     #[error("invalid request field: {0}")]
     InvalidConfig(String),
+    /// A snapshot that does not fit the parser it is restored into (or is malformed).
+    #[error("invalid parser snapshot: {0}")]
+    InvalidSnapshot(String),
 }
 
 /// One streamed tool-call fragment. The first fragment of an index carries `id` and `name`;
@@ -184,6 +196,11 @@ pub trait StreamParser: Send {
     fn push(&mut self, delta: &str) -> DeltaMessage;
     /// The output ended; flush everything held back.
     fn finish(&mut self) -> DeltaMessage;
+    /// The resumable state, to continue this stream elsewhere with
+    /// [`ParserRegistry::restore`]; `None` if this parser cannot be suspended.
+    fn snapshot(&self) -> Option<ParserSnapshot> {
+        None
+    }
 }
 
 /// One-shot parse: `push(text)` then `finish()`, aggregated.

@@ -1,7 +1,8 @@
 //! The combined parser: a reasoning stage feeding a tool stage.
 use crate::reasoning::{ReasoningStage, StageOut};
+use crate::snapshot::{ParserSnapshot, SNAPSHOT_VERSION};
 use crate::tools::ToolStage;
-use crate::{DeltaMessage, StreamParser};
+use crate::{DeltaMessage, ParserError, StreamParser};
 
 /// Reasoning split first, tool extraction on the content part (`api.md` §11). Built by
 /// [`crate::ParserRegistry::new_parser`].
@@ -18,6 +19,24 @@ impl CombinedParser {
             tool,
             finished: false,
         }
+    }
+
+    /// Takes over a snapshot of a parser built with the same names and configuration.
+    pub(crate) fn restore(&mut self, s: ParserSnapshot) -> Result<(), ParserError> {
+        if s.v != SNAPSHOT_VERSION {
+            return Err(ParserError::InvalidSnapshot(format!(
+                "unsupported version {}",
+                s.v
+            )));
+        }
+        self.reasoning
+            .restore(s.reasoning)
+            .map_err(ParserError::InvalidSnapshot)?;
+        self.tool
+            .restore(s.tool)
+            .map_err(ParserError::InvalidSnapshot)?;
+        self.finished = s.finished;
+        Ok(())
     }
 
     fn route(&mut self, so: StageOut, d: &mut DeltaMessage) {
@@ -40,6 +59,15 @@ impl StreamParser for CombinedParser {
         self.reasoning.push(delta, &mut so);
         self.route(so, &mut d);
         d
+    }
+
+    fn snapshot(&self) -> Option<ParserSnapshot> {
+        Some(ParserSnapshot {
+            v: SNAPSHOT_VERSION,
+            finished: self.finished,
+            reasoning: self.reasoning.snapshot(),
+            tool: self.tool.snapshot(),
+        })
     }
 
     fn finish(&mut self) -> DeltaMessage {

@@ -139,7 +139,7 @@ pub fn balanced_len(s: &str) -> Option<usize> {
 /// Incremental form of [`balanced_len`]: feed the bytes of a growing text piece by piece; the
 /// first call that sees the closing bracket returns its end offset (counted from the first byte
 /// ever fed). The streaming tool stages use it so a long object is scanned once, not per delta.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Balance {
     depth: usize,
     in_str: bool,

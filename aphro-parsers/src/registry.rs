@@ -3,7 +3,7 @@ use crate::pipeline::CombinedParser;
 use crate::reasoning::think::{ThinkConfig, ThinkStage};
 use crate::reasoning::{append_think::AppendThink, Buffered, Passthrough, ReasoningStage};
 use crate::tools::*;
-use crate::{ParserConfig, ParserError, StreamParser};
+use crate::{ParserConfig, ParserError, ParserSnapshot, StreamParser};
 use std::sync::Arc;
 
 /// Registered tool-call parser names.
@@ -184,6 +184,22 @@ impl ParserRegistry {
         ctx: &ParserConfig,
     ) -> Result<Box<dyn StreamParser>, ParserError> {
         Ok(Box::new(self.combined(tool_name, reasoning_name, ctx)?))
+    }
+
+    /// The parser a [`StreamParser::snapshot`] was taken from, ready to continue: built like
+    /// [`new_parser`](Self::new_parser) with the same names and configuration, then set to the
+    /// snapshot's state. A snapshot that does not fit (another parser, offsets outside its
+    /// text, another version) is [`ParserError::InvalidSnapshot`].
+    pub fn restore(
+        &self,
+        tool_name: Option<&str>,
+        reasoning_name: Option<&str>,
+        ctx: &ParserConfig,
+        snapshot: ParserSnapshot,
+    ) -> Result<Box<dyn StreamParser>, ParserError> {
+        let mut p = self.combined(tool_name, reasoning_name, ctx)?;
+        p.restore(snapshot)?;
+        Ok(Box::new(p))
     }
 
     /// Same as [`new_parser`](Self::new_parser), concrete type.

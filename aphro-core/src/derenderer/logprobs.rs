@@ -1,5 +1,5 @@
 //! Generate logprobs (token ids, §2.4) → chat and completion shapes.
-use crate::detokenizer::{token_bytes_with, token_text, TokenByteEncoding};
+use crate::detokenizer::{decode, token_bytes_with, token_text, TokenByteEncoding};
 use crate::protocol::{
     ChatLogProb, ChatTopLogProb, CompletionLogProbs, GenerateLogProb, GenerateTopLogProb,
 };
@@ -24,8 +24,8 @@ impl TokenShow<'_> {
         }
     }
 
-    /// `bytes` of a logprob entry: the token's own bytes (exact for partial characters), the
-    /// placeholder's bytes in token-id mode.
+    /// `bytes` of a logprob entry: the token's own bytes, the placeholder's bytes in token-id
+    /// mode.
     pub fn bytes(&self, id: u32, text: &str) -> Option<Vec<u8>> {
         if self.as_ids {
             return Some(text.as_bytes().to_vec());
@@ -35,6 +35,70 @@ impl TokenShow<'_> {
                 .unwrap_or_else(|| text.as_bytes().to_vec()),
         )
     }
+
+    /// `token` and `bytes` of a token at a position preceded by the sampled ids `ctx` (§2.4):
+    /// a token whose text ends in U+FFFD (part of a multi-byte character) is decoded again with
+    /// up to [`CONTEXT`] preceding sampled ids, as vLLM's `_correct_decoded_token` does, and
+    /// its `bytes` are then the UTF-8 of the repaired text.
+    pub fn resolve(&self, id: u32, ctx: &[u32]) -> (String, Option<Vec<u8>>) {
+        let text = self.text(id);
+        if self.as_ids || !text.ends_with('\u{FFFD}') {
+            let bytes = self.bytes(id, &text);
+            return (text, bytes);
+        }
+        let fixed = self.correct(id, ctx);
+        let bytes = Some(fixed.as_bytes().to_vec());
+        (fixed, bytes)
+    }
+
+    /// The text `id` adds after the shortest tail of `ctx` with which it decodes cleanly; `""`
+    /// when none does.
+    fn correct(&self, id: u32, ctx: &[u32]) -> String {
+        let dec = |ids: &[u32]| decode(self.tokenizer, ids, false);
+        for n in 1..=ctx.len().min(CONTEXT) {
+            let context = &ctx[ctx.len() - n..];
+            let mut ids = context.to_vec();
+            ids.push(id);
+            let full = dec(&ids);
+            if full.ends_with('\u{FFFD}') {
+                continue;
+            }
+            // Context tokens that are themselves partial characters belong to this token's text.
+            let mut clean_end = context.len();
+            for j in (0..context.len()).rev() {
+                if token_text(self.tokenizer, context[j]).ends_with('\u{FFFD}') {
+                    clean_end = j;
+                } else {
+                    break;
+                }
+            }
+            let prefix = if clean_end > 0 {
+                dec(&context[..clean_end])
+            } else {
+                String::new()
+            };
+            if let Some(rest) = full.strip_prefix(prefix.as_str()) {
+                return rest.to_owned();
+            }
+            let common = full
+                .chars()
+                .zip(prefix.chars())
+                .take_while(|(a, b)| a == b)
+                .count();
+            return full.chars().skip(common).collect();
+        }
+        String::new()
+    }
+}
+
+/// Preceding sampled ids kept as logprob repair context (vLLM's window).
+pub(crate) const CONTEXT: usize = 4;
+
+/// Appends a sampled id to the repair context, keeping its last [`CONTEXT`] ids.
+pub(crate) fn advance(ctx: &mut Vec<u32>, ids: &[u32]) {
+    ctx.extend_from_slice(ids);
+    let drop = ctx.len().saturating_sub(CONTEXT);
+    ctx.drain(..drop);
 }
 
 /// `-inf`/NaN → -9999.0, as vLLM clamps.
@@ -58,9 +122,14 @@ fn dedup(top: &[GenerateTopLogProb]) -> Vec<&GenerateTopLogProb> {
 }
 
 /// One chat entry; `k` = the request's `top_logprobs` (`-1` = all, `0`/none = no candidates).
-pub(crate) fn chat_entry(show: &TokenShow<'_>, e: &GenerateLogProb, k: i64) -> ChatLogProb {
-    let token = show.text(e.token_id);
-    let bytes = show.bytes(e.token_id, &token);
+/// `ctx`: the sampled ids before this position (repair context), advanced past it.
+pub(crate) fn chat_entry(
+    show: &TokenShow<'_>,
+    e: &GenerateLogProb,
+    k: i64,
+    ctx: &mut Vec<u32>,
+) -> ChatLogProb {
+    let (token, bytes) = show.resolve(e.token_id, ctx);
     let top = dedup(&e.top_logprobs);
     let take = if k < 0 {
         top.len()
@@ -70,14 +139,15 @@ pub(crate) fn chat_entry(show: &TokenShow<'_>, e: &GenerateLogProb, k: i64) -> C
     let top_logprobs = top[..take]
         .iter()
         .map(|t| {
-            let token = show.text(t.token_id);
+            let (token, bytes) = show.resolve(t.token_id, ctx);
             ChatTopLogProb {
-                bytes: show.bytes(t.token_id, &token),
+                bytes,
                 token,
                 logprob: clamp(t.logprob),
             }
         })
         .collect();
+    advance(ctx, &[e.token_id]);
     ChatLogProb {
         token,
         logprob: clamp(e.logprob),
@@ -88,16 +158,17 @@ pub(crate) fn chat_entry(show: &TokenShow<'_>, e: &GenerateLogProb, k: i64) -> C
 
 /// Appends completion-shaped entries; `text_offset` runs from `*offset` (in characters, as
 /// Python's `len`). `k` = the request's `logprobs` (candidates with rank ≤ k, plus the
-/// sampled token).
+/// sampled token). `ctx` as for [`chat_entry`].
 pub(crate) fn completion_entries(
     show: &TokenShow<'_>,
     entries: &[GenerateLogProb],
     k: i64,
     offset: &mut u64,
     out: &mut CompletionLogProbs,
+    ctx: &mut Vec<u32>,
 ) {
     for e in entries {
-        let token = show.text(e.token_id);
+        let token = show.resolve(e.token_id, ctx).0;
         out.text_offset.push(*offset);
         *offset = offset.saturating_add(token.chars().count() as u64);
         out.token_logprobs.push(Some(clamp(e.logprob)));
@@ -106,7 +177,7 @@ pub(crate) fn completion_entries(
             let sampled = i == 0 && t.token_id == e.token_id;
             let in_k = k < 0 || t.rank.is_some_and(|r| r >= 1 && r <= k);
             if sampled || in_k {
-                m.entry(show.text(t.token_id))
+                m.entry(show.resolve(t.token_id, ctx).0)
                     .or_insert_with(|| Value::from(clamp(t.logprob)));
             }
         }
@@ -115,5 +186,6 @@ pub(crate) fn completion_entries(
         }
         out.tokens.push(token);
         out.top_logprobs.push(Some(m));
+        advance(ctx, &[e.token_id]);
     }
 }

@@ -491,6 +491,24 @@ impl Derenderer {
             .map_err(|e| Error::bad_request(format!("cannot build the parser: {e}")))
     }
 
+    /// The parser of a suspended stream, from its snapshot (`400` if the snapshot does not fit
+    /// the configured parsers).
+    pub(crate) fn restore_parser(
+        &self,
+        cfg: &ParserConfig,
+        snap: aphro_parsers::ParserSnapshot,
+    ) -> Result<Box<dyn StreamParser>> {
+        self.inner
+            .registry
+            .restore(
+                self.inner.opts.tool_call_parser.as_deref(),
+                self.inner.opts.reasoning_parser.as_deref(),
+                cfg,
+                snap,
+            )
+            .map_err(|e| Error::bad_request(format!("invalid stream_state: {e}")))
+    }
+
     /// §6.1 step 1: which ids to decode, and the resulting `stop_reason`.
     pub(crate) fn stop_token(
         &self,
@@ -725,12 +743,15 @@ impl Derenderer {
                 .and_then(|l| l.content.as_ref())
                 .map(|content| {
                     let show = self.show(ctx.as_ids);
+                    let mut lp_ctx = Vec::new();
                     ChatCompletionLogProbs {
                         content: Some(
                             content
                                 .iter()
                                 .take(kept.len())
-                                .map(|e| logprobs::chat_entry(&show, e, ctx.top_logprobs))
+                                .map(|e| {
+                                    logprobs::chat_entry(&show, e, ctx.top_logprobs, &mut lp_ctx)
+                                })
                                 .collect(),
                         ),
                     }
@@ -899,6 +920,7 @@ impl Derenderer {
                     ctx.logprobs,
                     &mut offset,
                     &mut out,
+                    &mut Vec::new(),
                 );
                 out
             });

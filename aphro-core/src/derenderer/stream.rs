@@ -14,10 +14,11 @@ use crate::protocol::{
 use crate::stop::StopState;
 use aphro_parsers::{DeltaMessage, StreamParser};
 
-/// Most prompt-adjacent ids kept for logprob token repair (vLLM's limit).
-const LOGPROB_CONTEXT: usize = 4;
+/// Most preceding sampled ids kept for logprob token repair (vLLM's limit).
+const LOGPROB_CONTEXT: usize = logprobs::CONTEXT;
 /// vLLM's limit on `prev_tokens`.
 const MAX_PREV_TOKENS: usize = 1024;
+use crate::protocol::STREAM_STATE_VERSION as STATE_VERSION;
 
 /// Shared decode state of a streamed choice (detokenizer + stop strings + counters).
 struct Decode {
@@ -119,9 +120,8 @@ impl Decode {
         };
         self.tokens = total;
         self.finished = finish.is_some();
-        self.logprob_ctx.extend_from_slice(kept);
-        let drop = self.logprob_ctx.len().saturating_sub(LOGPROB_CONTEXT);
-        self.logprob_ctx.drain(..drop);
+        // vLLM advances the repair context by the chunk's sampled ids.
+        logprobs::advance(&mut self.logprob_ctx, ids);
         Ok(Step {
             text,
             kept: kept.len(),
@@ -155,9 +155,6 @@ pub struct ChatDerenderStream {
     index: usize,
     decode: Decode,
     parser: Option<Box<dyn StreamParser>>,
-    /// Keep the parser input for the wire state.
-    record: bool,
-    parser_text: String,
     role_sent: bool,
     tools_streamed: bool,
     tool_ids: Vec<String>,
@@ -175,6 +172,8 @@ pub struct ChatDerenderStream {
 #[derive(Default)]
 pub(crate) struct LiveStreams {
     map: std::collections::HashMap<String, LiveEntry>,
+    /// Sessions by last use, oldest first: eviction is O(log n), not a scan of the map.
+    order: std::collections::BTreeMap<u64, String>,
     clock: u64,
 }
 
@@ -202,7 +201,7 @@ impl LiveStreams {
             .get(session)
             .is_some_and(|e| e.seq == seq && e.request_id == request_id);
         if hit {
-            self.map.remove(session).map(|e| e.stream)
+            self.remove_entry(session).map(|e| e.stream)
         } else {
             None
         }
@@ -210,17 +209,15 @@ impl LiveStreams {
 
     fn put(&mut self, session: String, seq: u64, request_id: String, stream: ChatDerenderStream) {
         self.clock += 1;
-        if self.map.len() >= Self::CAPACITY && !self.map.contains_key(&session) {
-            if let Some(oldest) = self
-                .map
-                .iter()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(k, _)| k.clone())
-            {
-                self.map.remove(&oldest);
-            }
+        self.remove_entry(&session);
+        while self.map.len() >= Self::CAPACITY {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.map.remove(&oldest);
         }
         let used = self.clock;
+        self.order.insert(used, session.clone());
         self.map.insert(
             session,
             LiveEntry {
@@ -233,7 +230,13 @@ impl LiveStreams {
     }
 
     fn remove(&mut self, session: &str) {
-        self.map.remove(session);
+        self.remove_entry(session);
+    }
+
+    fn remove_entry(&mut self, session: &str) -> Option<LiveEntry> {
+        let e = self.map.remove(session)?;
+        self.order.remove(&e.used);
+        Some(e)
     }
 }
 
@@ -284,8 +287,6 @@ impl Derenderer {
             index,
             decode,
             parser,
-            record: false,
-            parser_text: String::new(),
             role_sent: false,
             tools_streamed: false,
             tool_ids: Vec::new(),
@@ -405,6 +406,7 @@ impl ChatDerenderStream {
     /// One choice delta (bounds of the choice are the caller's; `push` checks them).
     pub fn push_choice(&mut self, c: &GenerateChoice) -> Result<ChatStreamChoice> {
         let ctx = &self.ctx;
+        let mut lp_ctx = self.decode.logprob_ctx.clone();
         let step = self.decode.step(
             &self.d,
             c,
@@ -416,9 +418,6 @@ impl ChatDerenderStream {
         let mut dm = DeltaMessage::default();
         match &mut self.parser {
             Some(p) => {
-                if self.record {
-                    self.parser_text.push_str(&step.text);
-                }
                 if !step.text.is_empty() {
                     dm = p.push(&step.text);
                 }
@@ -498,7 +497,7 @@ impl ChatDerenderStream {
                     content: Some(
                         entries
                             .iter()
-                            .map(|e| logprobs::chat_entry(&show, e, ctx.top_logprobs))
+                            .map(|e| logprobs::chat_entry(&show, e, ctx.top_logprobs, &mut lp_ctx))
                             .collect(),
                     ),
                 }
@@ -535,11 +534,11 @@ impl ChatDerenderStream {
             tools_streamed: self.tools_streamed,
             last_tool_call_ids: self.tool_ids.clone(),
             aphro: Some(AphroStreamState {
-                v: 1,
+                v: STATE_VERSION,
                 tokens: self.decode.tokens,
                 finished: self.decode.finished,
                 detokenizer: det,
-                parser_text: self.parser_text.clone(),
+                parser: self.parser.as_ref().and_then(|p| p.snapshot()),
                 session: self.session.clone(),
                 seq: self.seq,
             }),
@@ -607,6 +606,7 @@ impl CompletionDerenderStream {
 
     pub fn push_choice(&mut self, c: &GenerateChoice) -> Result<CompletionStreamChoice> {
         let ctx = &self.ctx;
+        let mut lp_ctx = self.decode.logprob_ctx.clone();
         let step = self.decode.step(
             &self.d,
             c,
@@ -628,6 +628,7 @@ impl CompletionDerenderStream {
                 ctx.logprobs,
                 &mut self.text_offset,
                 &mut out,
+                &mut lp_ctx,
             );
             out
         });
@@ -655,11 +656,11 @@ impl CompletionDerenderStream {
             logprob_context_token_ids: self.decode.logprob_ctx.clone(),
             logprob_text_offset: self.text_offset,
             aphro: Some(AphroStreamState {
-                v: 1,
+                v: STATE_VERSION,
                 tokens: self.decode.tokens,
                 finished: self.decode.finished,
                 detokenizer: det,
-                parser_text: String::new(),
+                parser: None,
                 session: None,
                 seq: 0,
             }),
@@ -696,7 +697,7 @@ fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
     let mml = d.max_model_len();
     match &s.aphro {
         Some(a) => {
-            if a.v != 1 {
+            if a.v != STATE_VERSION {
                 return Err(bad(format!("unsupported state version {}", a.v)));
             }
             a.detokenizer.validate().map_err(|e| bad(e.to_string()))?;
@@ -706,9 +707,12 @@ fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
             if a.tokens > mml as u64 {
                 return Err(bad(format!("more than max_model_len={mml} tokens")));
             }
+            // Held text is at most the generated text (bounded like its tokens).
             let max_text = mml.saturating_mul(256);
-            if a.parser_text.len() > max_text {
-                return Err(bad("parser_text is longer than max_model_len allows".into()));
+            if a.parser.as_ref().is_some_and(|p| p.held_bytes() > max_text) {
+                return Err(bad(
+                    "parser state is longer than max_model_len allows".into()
+                ));
             }
             Ok(a.tokens)
         }
@@ -759,8 +763,9 @@ fn reject_stop(stop: Option<&crate::protocol::StopSpec>) -> Result<()> {
 
 impl Derenderer {
     /// `POST /v1/chat/completions/derender` with `stream: true` (§6.2): one call per generate
-    /// event, state carried by the client. Per-call work: this chunk's tokens, plus one linear
-    /// scan of `parser_text` when a parser is configured (see [`crate::protocol::derender`]).
+    /// event, state carried by the client. Per-call work: this chunk's tokens, plus restoring
+    /// the parser from its snapshot (the text it has not settled yet; see
+    /// [`crate::protocol::derender`]) unless this server still holds the stream's live state.
     pub fn derender_chat_stream(
         &self,
         req: DerenderChatStreamRequest,
@@ -830,7 +835,6 @@ impl Derenderer {
         )?;
         s.model = model;
         s.prompt_tokens = req.prompt_tokens;
-        s.record = true;
         s.role_sent = state.role_sent;
         s.tools_streamed = state.tools_streamed;
         s.tool_ids = state.last_tool_call_ids.clone();
@@ -843,17 +847,7 @@ impl Derenderer {
         }
         s.index = chunk.choices[0].index;
         self.resume(&mut s.decode, &state, prompt_ids, s.ctx.detok)?;
-        // Rebuild the parser: one push of the carried text, output discarded.
-        let text = match &state.aphro {
-            Some(a) => a.parser_text.clone(),
-            None => self.replay_text(&state, prompt_ids, s.ctx.detok),
-        };
-        if let Some(p) = &mut s.parser {
-            if !text.is_empty() {
-                let _ = p.push(&text);
-            }
-            s.parser_text = text;
-        }
+        self.resume_parser(&mut s, &state, prompt_ids)?;
         s.session = Some(
             state
                 .aphro
@@ -917,6 +911,40 @@ impl Derenderer {
             None => {}
         }
         dec.logprob_ctx = state.logprob_context_token_ids.clone();
+        Ok(())
+    }
+
+    /// Sets the parser of a rebuilt stream to where the carried state left it: restored from
+    /// the snapshot (no replay), or for a vLLM-produced state fed the text of its replay ids
+    /// once (output discarded).
+    fn resume_parser(
+        &self,
+        s: &mut ChatDerenderStream,
+        state: &DerenderStreamState,
+        prompt_ids: Option<&[u32]>,
+    ) -> Result<()> {
+        let bad = |m: String| Error::bad_request(format!("invalid stream_state: {m}"));
+        match (&state.aphro, s.parser.as_mut(), s.ctx.parser_cfg.as_ref()) {
+            (Some(a), Some(p), Some(cfg)) => match &a.parser {
+                Some(snap) => *p = self.restore_parser(cfg, snap.clone())?,
+                // The state of a call that produced no output yet: a fresh parser is right.
+                None if a.tokens == 0 => {}
+                None => return Err(bad("aphro.parser is missing".into())),
+            },
+            (Some(a), None, _) if a.parser.is_some() => {
+                return Err(bad(
+                    "aphro.parser is set but no tool or reasoning parser is configured".into(),
+                ))
+            }
+            (Some(_), _, _) => {}
+            (None, Some(p), _) => {
+                let text = self.replay_text(state, prompt_ids, s.ctx.detok);
+                if !text.is_empty() {
+                    let _ = p.push(&text);
+                }
+            }
+            (None, None, _) => {}
+        }
         Ok(())
     }
 

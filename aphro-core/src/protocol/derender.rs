@@ -11,25 +11,40 @@
 //!  "logprob_context_token_ids": [..≤4], "logprob_text_offset": 17,
 //!  "output_token_ids": [], "output_chunk_lens": [], "tools_streamed": false,
 //!  "last_tool_call_ids": [],
-//!  "aphro": {"v": 1, "tokens": 42, "finished": false,
+//!  "aphro": {"v": 2, "tokens": 42, "finished": false,
 //!            "detokenizer": {"ids": [..], "read_offset": 3, "skip_special_tokens": false,
 //!                            "spaces_between_special_tokens": true, "last_special": false},
-//!            "parser_text": "…"}}
+//!            "parser": {"v": 1, "finished": false,
+//!                       "reasoning": {"kind": "think", "phase": "content", "pending": "",
+//!                                     "held_ws": "", "marked": false},
+//!                       "tool": {"kind": "format", "buf": ".", "present": true, "emitted": 1,
+//!                                "scan_from": 1, "blocked": false, "found": 0, "sent": [],
+//!                                "scan": null}},
+//!            "session": "…", "seq": 7}}
 //! ```
 //!
 //! * `detokenizer` is the incremental detokenizer's window (a few dozen ids at most, checked on
 //!   input), so decoding a chunk costs the chunk, not the history.
-//! * `parser_text` is the text fed to the tool/reasoning parser so far (absent without a
-//!   parser). The parsers' state is not serializable, and it could not be small anyway: every
-//!   tool format parses the whole content once at the end (Hermes turns all calls back into
-//!   content when a later block is malformed, Llama-3 JSON drops prose when a call is found),
-//!   so the text is the minimal sufficient state. The server rebuilds the parser with **one**
-//!   `push` of this text (a single linear scan; no tokenizer work, no per-chunk replay, no
-//!   re-parse of earlier chunk boundaries), discards that output, then parses the new chunk.
-//!   Bound: the state is at most the generated text (≤ `max_model_len` tokens of text); the work
-//!   per call is O(chunk tokens) tokenizer work + O(|parser_text|) byte scanning. vLLM replays
-//!   every earlier chunk through the tokenizer and `parse_delta` instead.
+//! * `parser` is the tool/reasoning parser's [`aphro_parsers::ParserSnapshot`] (absent without
+//!   a parser): each stage's phase, a few counters, and only the text the parser has not
+//!   settled — a partial marker, one character of sent content as context, and, once a tool-call
+//!   marker appeared, the text from it on (most formats settle calls with one parse of that tail
+//!   at the end, because later text can still change or void them). Content and reasoning
+//!   already sent are not carried, so for an ordinary answer the state stays a few hundred
+//!   bytes at any output length, and a call costs O(chunk): the server rebuilds the parser from
+//!   the names it is configured with plus the request's parser settings, and sets it to the
+//!   snapshot. What still grows is inherent to the formats: the call section while calls are
+//!   generated, the whole output for frame-based reasoning (`hunyuan_a13b`, `granite`) and for
+//!   formats that settle everything at the end (`pythonic`, `llama3_json`, `xlam`, `openai`
+//!   …), and content that opens with whitespace under a stripping format (`qwen3_coder`,
+//!   `mistral`, `glm45`, …: stripped if a call follows, kept if not). A snapshot that does not
+//!   fit the configured parsers (another parser, offsets outside its text, another version) is
+//!   a 400. vLLM replays every earlier chunk through the tokenizer and `parse_delta` instead.
+//! * `session` and `seq` let the server that issued the state resume its live copy (an LRU of
+//!   open streams) without decoding `parser`; another server, or an evicted or replayed state,
+//!   restores from `parser`, so the state stays portable.
 //! * `tokens` counts generated tokens (for the `max_model_len` limit and usage).
+//! * Version 1 states (which carried the parser's input text) are refused with a 400.
 //! * A state without `aphro` but with vLLM's `output_token_ids` (e.g. produced by a vLLM
 //!   server) is accepted: the ids are decoded once to rebuild the same state.
 use super::response::{
@@ -38,6 +53,7 @@ use super::response::{
 use super::{ChatCompletionRequest, CompletionRequest};
 use crate::detokenizer::DetokenizerState;
 use crate::error::{Error, Result};
+use aphro_parsers::ParserSnapshot;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -151,7 +167,7 @@ pub struct DerenderStreamState {
 /// aphro's compact resumable state (module docs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AphroStreamState {
-    #[serde(default = "one")]
+    #[serde(default = "current_version")]
     pub v: u32,
     /// Generated tokens seen so far.
     #[serde(default)]
@@ -160,11 +176,11 @@ pub struct AphroStreamState {
     #[serde(default)]
     pub finished: bool,
     pub detokenizer: DetokenizerState,
-    /// Text fed to the parser so far (empty without a parser).
-    #[serde(default)]
-    pub parser_text: String,
+    /// The parser's resumable state (absent without a parser).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parser: Option<ParserSnapshot>,
     /// Names this stream's live state on the server that issued it; with `seq` it lets that
-    /// server resume the parser in O(chunk) instead of rebuilding it from `parser_text`.
+    /// server resume without even decoding `parser`.
     /// Any other server (or a miss) falls back to the rebuild, so the state stays portable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
@@ -173,8 +189,11 @@ pub struct AphroStreamState {
     pub seq: u64,
 }
 
-fn one() -> u32 {
-    1
+/// Version of [`AphroStreamState`] written and accepted (1 carried the parser's input text).
+pub const STREAM_STATE_VERSION: u32 = 2;
+
+fn current_version() -> u32 {
+    STREAM_STATE_VERSION
 }
 
 /// A chat derender body: the `stream` literal discriminates (missing ⇒ non-streaming).

@@ -6,6 +6,8 @@ pub mod granite;
 pub mod hunyuan;
 pub mod think;
 
+use crate::snapshot::ReasoningSnapshot;
+
 /// What a reasoning stage produced in one step: reasoning text, and content text to hand to the
 /// tool stage. `Some("")` marks presence (e.g. empty DeepSeek-R1 reasoning).
 #[derive(Debug, Default)]
@@ -27,6 +29,14 @@ impl StageOut {
 pub trait ReasoningStage: Send {
     fn push(&mut self, text: &str, out: &mut StageOut);
     fn finish(&mut self, out: &mut StageOut);
+    /// The resumable state (see [`crate::ParserSnapshot`]).
+    fn snapshot(&self) -> ReasoningSnapshot;
+    /// Takes over a snapshot taken from a stage of the same configuration.
+    fn restore(&mut self, s: ReasoningSnapshot) -> Result<(), String>;
+}
+
+pub(crate) fn mismatch() -> String {
+    "reasoning parser state of another kind of reasoning parser".into()
 }
 
 /// No reasoning parser (or reasoning disabled): everything is content. Content is present even
@@ -47,6 +57,18 @@ impl ReasoningStage for Passthrough {
         if !self.sent {
             self.sent = true;
             out.content("");
+        }
+    }
+    fn snapshot(&self) -> ReasoningSnapshot {
+        ReasoningSnapshot::Passthrough { sent: self.sent }
+    }
+    fn restore(&mut self, s: ReasoningSnapshot) -> Result<(), String> {
+        match s {
+            ReasoningSnapshot::Passthrough { sent } => {
+                self.sent = sent;
+                Ok(())
+            }
+            _ => Err(mismatch()),
         }
     }
 }
@@ -77,6 +99,20 @@ impl ReasoningStage for Buffered {
         }
         if let Some(c) = c {
             out.content(&c);
+        }
+    }
+    fn snapshot(&self) -> ReasoningSnapshot {
+        ReasoningSnapshot::Buffered {
+            buf: self.buf.clone(),
+        }
+    }
+    fn restore(&mut self, s: ReasoningSnapshot) -> Result<(), String> {
+        match s {
+            ReasoningSnapshot::Buffered { buf } => {
+                self.buf = buf;
+                Ok(())
+            }
+            _ => Err(mismatch()),
         }
     }
 }

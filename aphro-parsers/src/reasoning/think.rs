@@ -6,7 +6,10 @@
 //! `Content`. Text that could still be the beginning of a marker is held back until the next
 //! delta decides it, so any cut of the input yields the same concatenated output.
 use super::{ReasoningStage, StageOut};
+use crate::snapshot::ReasoningSnapshot;
+
 use crate::scan::{find_earliest, partial_suffix_len, trailing_ws_len};
+pub use State as ThinkPhase;
 
 /// Per-format behaviour of [`ThinkStage`].
 #[derive(Debug, Clone)]
@@ -63,8 +66,10 @@ impl ThinkConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+/// Phase of a [`ThinkStage`] (part of its snapshot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
     Start,
     Reasoning,
     Content,
@@ -237,5 +242,32 @@ impl ReasoningStage for ThinkStage {
 
     fn finish(&mut self, out: &mut StageOut) {
         self.run(out, true);
+    }
+
+    fn snapshot(&self) -> ReasoningSnapshot {
+        ReasoningSnapshot::Think {
+            phase: self.state,
+            pending: self.pending.clone(),
+            held_ws: self.held_ws.clone(),
+            marked: self.reasoning_marked,
+        }
+    }
+
+    fn restore(&mut self, s: ReasoningSnapshot) -> Result<(), String> {
+        match s {
+            ReasoningSnapshot::Think {
+                phase,
+                pending,
+                held_ws,
+                marked,
+            } => {
+                self.state = phase;
+                self.pending = pending;
+                self.held_ws = held_ws;
+                self.reasoning_marked = marked;
+                Ok(())
+            }
+            _ => Err(super::mismatch()),
+        }
     }
 }

@@ -82,8 +82,10 @@ impl ToolFormat for Glm45 {
     }
 }
 
-#[derive(Debug, Default)]
-enum Phase {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[doc(hidden)]
+pub enum Phase {
     #[default]
     Open,
     /// In the name of the block whose inner text starts here.
@@ -93,13 +95,28 @@ enum Phase {
 }
 
 /// The incremental mirror of [`Glm45::parse`].
-#[derive(Debug, Default)]
-struct GlmScan {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
+pub struct GlmScan {
     phase: Phase,
     from: usize,
 }
 
 impl EarlyScan for GlmScan {
+    fn save(&self) -> super::ScanSnapshot {
+        super::ScanSnapshot::Glm(self.clone())
+    }
+
+    fn load(&mut self, s: super::ScanSnapshot) -> bool {
+        match s {
+            super::ScanSnapshot::Glm(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match self.phase {
@@ -149,6 +166,28 @@ impl EarlyScan for GlmScan {
                     self.phase = Phase::Open;
                 }
             }
+        }
+    }
+}
+
+impl GlmScan {
+    /// Every buffer offset the scanner holds (for snapshot rebasing and validation).
+    pub(crate) fn offsets(&mut self) -> Vec<&mut usize> {
+        let mut v = vec![&mut self.from];
+        match &mut self.phase {
+            Phase::Open => {}
+            Phase::Name(s) | Phase::Body(s, _) => v.push(s),
+        }
+        v
+    }
+
+    /// Order constraints between the offsets of a restored snapshot (each offset is already
+    /// known to be a char boundary of the buffer).
+    pub(crate) fn check(&self, len: usize) -> bool {
+        let _ = len;
+        match &self.phase {
+            Phase::Open => true,
+            Phase::Name(s) | Phase::Body(s, _) => *s <= self.from,
         }
     }
 }

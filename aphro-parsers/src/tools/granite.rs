@@ -95,8 +95,10 @@ impl ToolFormat for Granite {
     }
 }
 
-#[derive(Debug, Default)]
-enum Phase {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[doc(hidden)]
+pub enum Phase {
     #[default]
     Opener,
     /// Whitespace before the `[`.
@@ -109,14 +111,29 @@ enum Phase {
 }
 
 /// The incremental mirror of the truncated-array reading in [`Granite::parse`].
-#[derive(Debug, Default)]
-struct GraniteScan {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
+pub struct GraniteScan {
     phase: Phase,
     from: usize,
     bal: Balance,
 }
 
 impl EarlyScan for GraniteScan {
+    fn save(&self) -> super::ScanSnapshot {
+        super::ScanSnapshot::Granite(self.clone())
+    }
+
+    fn load(&mut self, s: super::ScanSnapshot) -> bool {
+        match s {
+            super::ScanSnapshot::Granite(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, _ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match self.phase {
@@ -175,6 +192,27 @@ impl EarlyScan for GraniteScan {
                     self.phase = Phase::Sep(0);
                 }
             }
+        }
+    }
+}
+
+impl GraniteScan {
+    /// Every buffer offset the scanner holds (for snapshot rebasing and validation).
+    pub(crate) fn offsets(&mut self) -> Vec<&mut usize> {
+        let mut v = vec![&mut self.from];
+        if let Phase::Obj(s) = &mut self.phase {
+            v.push(s);
+        }
+        v
+    }
+
+    /// Order constraints between the offsets of a restored snapshot (each offset is already
+    /// known to be a char boundary of the buffer).
+    pub(crate) fn check(&self, len: usize) -> bool {
+        let _ = len;
+        match &self.phase {
+            Phase::Obj(s) => s.checked_add(self.bal.fed()).is_some_and(|f| f <= len),
+            _ => true,
         }
     }
 }

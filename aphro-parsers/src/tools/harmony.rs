@@ -88,8 +88,9 @@ impl ToolFormat for Harmony {
 }
 
 /// The incremental mirror of [`Harmony::parse`] for the calls.
-#[derive(Debug, Default)]
-struct HarmonyScan {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
+pub struct HarmonyScan {
     /// Start of the current message's header.
     cursor: usize,
     from: usize,
@@ -98,6 +99,20 @@ struct HarmonyScan {
 }
 
 impl EarlyScan for HarmonyScan {
+    fn save(&self) -> super::ScanSnapshot {
+        super::ScanSnapshot::Harmony(self.clone())
+    }
+
+    fn load(&mut self, s: super::ScanSnapshot) -> bool {
+        match s {
+            super::ScanSnapshot::Harmony(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, _ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match self.body {
@@ -145,5 +160,23 @@ impl EarlyScan for HarmonyScan {
                 },
             }
         }
+    }
+}
+
+impl HarmonyScan {
+    /// Every buffer offset the scanner holds (for snapshot rebasing and validation).
+    pub(crate) fn offsets(&mut self) -> Vec<&mut usize> {
+        let mut v = vec![&mut self.cursor, &mut self.from];
+        if let Some((s, _)) = &mut self.body {
+            v.push(s);
+        }
+        v
+    }
+
+    /// Order constraints between the offsets of a restored snapshot (each offset is already
+    /// known to be a char boundary of the buffer).
+    pub(crate) fn check(&self, len: usize) -> bool {
+        let _ = len;
+        self.cursor <= self.from
     }
 }

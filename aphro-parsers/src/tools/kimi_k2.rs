@@ -111,8 +111,10 @@ impl ToolFormat for KimiK2 {
     }
 }
 
-#[derive(Debug, Default)]
-enum Phase {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[doc(hidden)]
+pub enum Phase {
     #[default]
     Section,
     Between,
@@ -131,14 +133,29 @@ enum Phase {
 }
 
 /// The incremental mirror of [`KimiK2::parse`].
-#[derive(Debug, Default)]
-struct KimiScan {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
+pub struct KimiScan {
     phase: Phase,
     from: usize,
     calls: usize,
 }
 
 impl EarlyScan for KimiScan {
+    fn save(&self) -> super::ScanSnapshot {
+        super::ScanSnapshot::Kimi(self.clone())
+    }
+
+    fn load(&mut self, s: super::ScanSnapshot) -> bool {
+        match s {
+            super::ScanSnapshot::Kimi(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match self.phase {
@@ -226,7 +243,7 @@ impl EarlyScan for KimiScan {
                     }
                     if bare {
                         if let Some(name) = infer_from_args(&buf[start..p], ctx) {
-                            let n = ctx.history_tool_calls + self.calls;
+                            let n = ctx.history_tool_calls.saturating_add(self.calls);
                             out.push(Early::Call {
                                 id: Some(format!("functions.{name}:{n}")),
                                 name,
@@ -243,6 +260,34 @@ impl EarlyScan for KimiScan {
                     }
                 }
             }
+        }
+    }
+}
+
+impl KimiScan {
+    /// Every buffer offset the scanner holds (for snapshot rebasing and validation).
+    pub(crate) fn offsets(&mut self) -> Vec<&mut usize> {
+        let mut v = vec![&mut self.from];
+        match &mut self.phase {
+            Phase::Section | Phase::Between | Phase::Done => {}
+            Phase::Id(s) => v.push(s),
+            Phase::Args { start, sent, .. } => {
+                v.push(start);
+                v.push(sent);
+            }
+        }
+        v
+    }
+
+    /// Order constraints between the offsets of a restored snapshot (each offset is already
+    /// known to be a char boundary of the buffer).
+    pub(crate) fn check(&self, len: usize) -> bool {
+        let _ = len;
+        match &self.phase {
+            _ if self.calls > len => false,
+            Phase::Section | Phase::Between | Phase::Done => true,
+            Phase::Id(s) => *s <= self.from,
+            Phase::Args { start, sent, .. } => *start <= self.from && *start <= *sent,
         }
     }
 }

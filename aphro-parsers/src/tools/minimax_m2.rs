@@ -86,8 +86,10 @@ impl ToolFormat for MinimaxM2 {
 /// invoke's end (keeps the retries bounded, so streaming stays linear).
 const NAME_WINDOW: usize = 512;
 
-#[derive(Debug, Default)]
-enum Phase {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[doc(hidden)]
+pub enum Phase {
     #[default]
     Open,
     Section,
@@ -99,13 +101,28 @@ enum Phase {
 }
 
 /// The incremental mirror of [`MinimaxM2::parse`].
-#[derive(Debug, Default)]
-struct MinimaxScan {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
+pub struct MinimaxScan {
     phase: Phase,
     from: usize,
 }
 
 impl EarlyScan for MinimaxScan {
+    fn save(&self) -> super::ScanSnapshot {
+        super::ScanSnapshot::Minimax(self.clone())
+    }
+
+    fn load(&mut self, s: super::ScanSnapshot) -> bool {
+        match s {
+            super::ScanSnapshot::Minimax(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match self.phase {
@@ -162,6 +179,27 @@ impl EarlyScan for MinimaxScan {
                     self.phase = if i == 0 { Phase::Section } else { Phase::Open };
                 }
             }
+        }
+    }
+}
+
+impl MinimaxScan {
+    /// Every buffer offset the scanner holds (for snapshot rebasing and validation).
+    pub(crate) fn offsets(&mut self) -> Vec<&mut usize> {
+        let mut v = vec![&mut self.from];
+        if let Phase::Invoke { start, .. } = &mut self.phase {
+            v.push(start);
+        }
+        v
+    }
+
+    /// Order constraints between the offsets of a restored snapshot (each offset is already
+    /// known to be a char boundary of the buffer).
+    pub(crate) fn check(&self, len: usize) -> bool {
+        let _ = len;
+        match &self.phase {
+            Phase::Invoke { start, .. } => *start <= self.from,
+            _ => true,
         }
     }
 }

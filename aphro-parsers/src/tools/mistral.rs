@@ -59,8 +59,10 @@ impl ToolFormat for Mistral {
     }
 }
 
-#[derive(Debug, Default)]
-enum Phase {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[doc(hidden)]
+pub enum Phase {
     #[default]
     First,
     /// In a segment's name, which starts here.
@@ -76,14 +78,29 @@ enum Phase {
 }
 
 /// The incremental mirror of [`Mistral::parse`].
-#[derive(Debug, Default)]
-struct MistralScan {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
+pub struct MistralScan {
     phase: Phase,
     from: usize,
     bal: Balance,
 }
 
 impl EarlyScan for MistralScan {
+    fn save(&self) -> super::ScanSnapshot {
+        super::ScanSnapshot::Mistral(self.clone())
+    }
+
+    fn load(&mut self, s: super::ScanSnapshot) -> bool {
+        match s {
+            super::ScanSnapshot::Mistral(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, _ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match self.phase {
@@ -165,6 +182,41 @@ impl EarlyScan for MistralScan {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+impl MistralScan {
+    /// Every buffer offset the scanner holds (for snapshot rebasing and validation).
+    pub(crate) fn offsets(&mut self) -> Vec<&mut usize> {
+        let mut v = vec![&mut self.from];
+        match &mut self.phase {
+            Phase::First => {}
+            Phase::Name(s) => v.push(s),
+            Phase::Obj {
+                start, sent, end, ..
+            } => {
+                v.push(start);
+                v.push(sent);
+                if let Some(e) = end {
+                    v.push(e);
+                }
+            }
+        }
+        v
+    }
+
+    /// Order constraints between the offsets of a restored snapshot (each offset is already
+    /// known to be a char boundary of the buffer).
+    pub(crate) fn check(&self, len: usize) -> bool {
+        let _ = len;
+        match &self.phase {
+            Phase::First => true,
+            Phase::Name(s) => *s <= self.from,
+            Phase::Obj { start, end, .. } => {
+                start.checked_add(self.bal.fed()).is_some_and(|f| f <= len)
+                    && end.is_none_or(|e| e > *start)
             }
         }
     }

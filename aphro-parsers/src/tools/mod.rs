@@ -5,6 +5,8 @@
 //! by all formats.
 use crate::config::{ParserConfig, ToolChoice};
 use crate::scan::{find_earliest, partial_suffix_len, trailing_ws_len};
+pub(crate) use crate::snapshot::ScanSnapshot;
+use crate::snapshot::{FormatSnapshot, SentCall, ToolSnapshot};
 use crate::{DeltaMessage, DeltaToolCall};
 use std::sync::Arc;
 
@@ -142,6 +144,10 @@ pub enum Early {
 /// hints so each byte is examined a bounded number of times (linear streaming).
 pub trait EarlyScan: Send {
     fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>);
+    /// The scanner's state (offsets absolute in the buffer).
+    fn save(&self) -> ScanSnapshot;
+    /// Takes over a saved state; `false` if it belongs to another kind of scanner.
+    fn load(&mut self, s: ScanSnapshot) -> bool;
 }
 
 /// Earliest of `markers` in `buf[*from..]` (absolute position, marker index). When none is
@@ -199,8 +205,9 @@ pub(crate) struct ClosedBlocks {
     pub from: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BlockState {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
     Begin,
     Between,
     Inner(usize),
@@ -228,6 +235,24 @@ impl ClosedBlocks {
 }
 
 impl EarlyScan for ClosedBlocks {
+    fn save(&self) -> ScanSnapshot {
+        ScanSnapshot::Closed {
+            state: self.state,
+            from: self.from,
+        }
+    }
+
+    fn load(&mut self, s: ScanSnapshot) -> bool {
+        match s {
+            ScanSnapshot::Closed { state, from } => {
+                self.state = state;
+                self.from = from;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match self.state {
@@ -317,6 +342,33 @@ impl UpTo {
 }
 
 impl EarlyScan for UpTo {
+    fn save(&self) -> ScanSnapshot {
+        ScanSnapshot::UpTo {
+            from: self.from,
+            inner: self.inner,
+            bal: self.bal.clone(),
+            done: self.done,
+        }
+    }
+
+    fn load(&mut self, s: ScanSnapshot) -> bool {
+        match s {
+            ScanSnapshot::UpTo {
+                from,
+                inner,
+                bal,
+                done,
+            } => {
+                self.from = from;
+                self.inner = inner;
+                self.bal = bal;
+                self.done = done;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
         if self.done {
             return;
@@ -363,6 +415,10 @@ impl EarlyScan for UpTo {
 pub trait ToolStage: Send {
     fn push(&mut self, content: &str, out: &mut DeltaMessage);
     fn finish(&mut self, out: &mut DeltaMessage);
+    /// The resumable state (see [`crate::ParserSnapshot`]).
+    fn snapshot(&self) -> ToolSnapshot;
+    /// Takes over a snapshot taken from a stage of the same configuration.
+    fn restore(&mut self, s: ToolSnapshot) -> Result<(), String>;
 }
 
 /// No tool parser configured: content passes straight through.
@@ -374,6 +430,15 @@ impl ToolStage for NoTools {
         out.push_content(content);
     }
     fn finish(&mut self, _out: &mut DeltaMessage) {}
+    fn snapshot(&self) -> ToolSnapshot {
+        ToolSnapshot::None
+    }
+    fn restore(&mut self, s: ToolSnapshot) -> Result<(), String> {
+        match s {
+            ToolSnapshot::None => Ok(()),
+            ToolSnapshot::Format(_) => Err("a tool parser state, but no tool parser".into()),
+        }
+    }
 }
 
 /// Incremental driver for a [`ToolFormat`]: streams the provably final content prefix and the
@@ -392,8 +457,8 @@ pub struct FormatStage {
     events: Vec<Early>,
     /// Calls reported by the scanner so far (before gating).
     found: usize,
-    /// Calls already sent, by index: (name, arguments sent so far).
-    sent: Vec<(String, String)>,
+    /// Calls already sent, by index: (name, bytes of arguments sent so far).
+    sent: Vec<(String, usize)>,
 }
 
 impl FormatStage {
@@ -446,14 +511,14 @@ impl FormatStage {
                         name: Some(name.clone()),
                         arguments: args.clone(),
                     });
-                    self.sent.push((name, args));
+                    self.sent.push((name, args.len()));
                 }
                 Early::Args(a) => {
                     let index = self.found.wrapping_sub(1);
                     if a.is_empty() || index >= limit || index >= self.sent.len() {
                         continue;
                     }
-                    self.sent[index].1.push_str(&a);
+                    self.sent[index].1 += a.len();
                     match out.tool_calls.last_mut() {
                         Some(last) if last.index == index => last.arguments.push_str(&a),
                         _ => out.tool_calls.push(DeltaToolCall {
@@ -506,15 +571,19 @@ impl FormatStage {
             }
         };
         let region = &self.buf[..safe_end];
-        // Whitespace-only content may still become null.
-        if region.trim().is_empty() {
-            return;
+        // Once some content went out, the region passed the checks below for good (it only
+        // grows); a restored stage no longer holds the start of that content.
+        if self.emitted == 0 {
+            // Whitespace-only content may still become null.
+            if region.trim().is_empty() {
+                return;
+            }
+            if strip && region.starts_with(char::is_whitespace) {
+                return; // stripped if calls follow, kept if not: undecidable until the end
+            }
         }
         let mut end = safe_end;
         if strip {
-            if region.starts_with(char::is_whitespace) {
-                return; // stripped if calls follow, kept if not: undecidable until the end
-            }
             end -= trailing_ws_len(region);
         }
         if end > self.emitted {
@@ -555,6 +624,80 @@ impl FormatStage {
 }
 
 impl ToolStage for FormatStage {
+    /// Drops the content already sent (but its last character, the context the final parse
+    /// needs: every `Live::Prefix` format's result on `P + T`, with `P` sent content holding no
+    /// opener, is `P` minus its last char `c` followed by its result on `c + T`; for stripping
+    /// formats `c` is not whitespace) and everything the scanner will not read again.
+    fn snapshot(&self) -> ToolSnapshot {
+        let mut k = match self.buf[..self.emitted].char_indices().next_back() {
+            Some((i, _)) => i,
+            None => 0,
+        };
+        if !self.blocked {
+            k = k.min(self.scan_from);
+        }
+        let scan = self.early.as_ref().map(|s| {
+            let s = s.save();
+            k = k.min(s.min_offset());
+            s
+        });
+        let scan = scan.map(|mut s| {
+            s.rebase(k);
+            s
+        });
+        ToolSnapshot::Format(FormatSnapshot {
+            buf: self.buf[k..].to_string(),
+            present: self.present,
+            emitted: self.emitted - k,
+            scan_from: if self.blocked { 0 } else { self.scan_from - k },
+            blocked: self.blocked,
+            found: self.found,
+            sent: self
+                .sent
+                .iter()
+                .map(|(name, args)| SentCall {
+                    name: name.clone(),
+                    args: *args,
+                })
+                .collect(),
+            scan,
+        })
+    }
+
+    fn restore(&mut self, s: ToolSnapshot) -> Result<(), String> {
+        let ToolSnapshot::Format(f) = s else {
+            return Err("no tool parser state for the configured tool parser".into());
+        };
+        let at = |o: usize| o <= f.buf.len() && f.buf.is_char_boundary(o);
+        if !at(f.emitted) || !at(f.scan_from) {
+            return Err("tool parser offsets outside the held text".into());
+        }
+        // Every call found starts with a marker still in the held text.
+        if f.sent.len() > f.found || f.found > f.buf.len() {
+            return Err("tool call counts do not fit the held text".into());
+        }
+        match (self.early.as_mut(), f.scan) {
+            (None, None) => {}
+            (Some(sc), Some(snap)) => {
+                if !snap.fits(&f.buf) {
+                    return Err("tool call scanner offsets outside the held text".into());
+                }
+                if !sc.load(snap) {
+                    return Err("tool call scanner state of another format".into());
+                }
+            }
+            _ => return Err("tool call scanner state does not match the tool parser".into()),
+        }
+        self.buf = f.buf;
+        self.present = f.present;
+        self.emitted = f.emitted;
+        self.scan_from = f.scan_from;
+        self.blocked = f.blocked;
+        self.found = f.found;
+        self.sent = f.sent.into_iter().map(|c| (c.name, c.args)).collect();
+        Ok(())
+    }
+
     fn push(&mut self, content: &str, out: &mut DeltaMessage) {
         self.present = true;
         self.buf.push_str(content);
@@ -588,10 +731,10 @@ impl ToolStage for FormatStage {
             if let Some((name, sent)) = self.sent.get(i) {
                 // Sent early: only the rest of the arguments is missing. The scanners report
                 // only what the one-shot parse confirms (the property test checks every cut);
-                // should they ever disagree, the differing tail is still sent so nothing is lost.
-                let rest = match call.arguments.strip_prefix(sent.as_str()) {
+                // should they ever disagree, the whole arguments are sent so nothing is lost.
+                let rest = match call.arguments.get(*sent..) {
                     Some(r) if *name == call.name => r,
-                    _ => &call.arguments[common_prefix_len(&call.arguments, sent)..],
+                    _ => call.arguments.as_str(),
                 };
                 if !rest.is_empty() {
                     out.tool_calls.push(DeltaToolCall {

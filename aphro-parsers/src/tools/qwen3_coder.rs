@@ -114,8 +114,10 @@ impl ToolFormat for Qwen3Coder {
     }
 }
 
-#[derive(Debug, Default)]
-enum Phase {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[doc(hidden)]
+pub enum Phase {
     #[default]
     Func,
     /// In the name that starts here.
@@ -125,13 +127,28 @@ enum Phase {
 }
 
 /// The incremental mirror of [`Qwen3Coder::parse`].
-#[derive(Debug, Default)]
-struct QwenScan {
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
+pub struct QwenScan {
     phase: Phase,
     from: usize,
 }
 
 impl EarlyScan for QwenScan {
+    fn save(&self) -> super::ScanSnapshot {
+        super::ScanSnapshot::Qwen(self.clone())
+    }
+
+    fn load(&mut self, s: super::ScanSnapshot) -> bool {
+        match s {
+            super::ScanSnapshot::Qwen(x) => {
+                *self = x;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn scan(&mut self, buf: &str, ctx: &ParserConfig, out: &mut Vec<Early>) {
         loop {
             match &self.phase {
@@ -173,6 +190,28 @@ impl EarlyScan for QwenScan {
                     self.phase = Phase::Func;
                 }
             }
+        }
+    }
+}
+
+impl QwenScan {
+    /// Every buffer offset the scanner holds (for snapshot rebasing and validation).
+    pub(crate) fn offsets(&mut self) -> Vec<&mut usize> {
+        let mut v = vec![&mut self.from];
+        match &mut self.phase {
+            Phase::Func => {}
+            Phase::Name(s) | Phase::Body { start: s, .. } => v.push(s),
+        }
+        v
+    }
+
+    /// Order constraints between the offsets of a restored snapshot (each offset is already
+    /// known to be a char boundary of the buffer).
+    pub(crate) fn check(&self, len: usize) -> bool {
+        let _ = len;
+        match &self.phase {
+            Phase::Func => true,
+            Phase::Name(s) | Phase::Body { start: s, .. } => *s <= self.from,
         }
     }
 }
