@@ -233,11 +233,13 @@ mod tests {
 
     #[test]
     fn engine_snapshot_renders_vllm_names_with_labels() {
-        let mut m = MetricsSnapshot::default();
-        m.num_running = 2;
-        m.num_waiting = 1;
-        m.kv_cache_usage = 0.25;
-        m.prompt_tokens_total = 10;
+        let mut m = MetricsSnapshot {
+            num_running: 2,
+            num_waiting: 1,
+            kv_cache_usage: 0.25,
+            prompt_tokens_total: 10,
+            ..MetricsSnapshot::default()
+        };
         m.request_success.insert("stop", 3);
         m.time_to_first_token.observe(0.03);
         m.time_to_first_token.observe(0.5);

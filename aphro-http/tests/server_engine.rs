@@ -252,7 +252,7 @@ fn integrated_server_and_disaggregated_round_trip_agree() {
             }
         }
     }
-    let last_data = raw.lines().filter(|l| l.starts_with("data: ")).last();
+    let last_data = raw.lines().rfind(|l| l.starts_with("data: "));
     assert_eq!(last_data, Some("data: [DONE]"), "{raw}");
     assert_eq!(text, answer);
 

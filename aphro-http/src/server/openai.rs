@@ -99,7 +99,7 @@ async fn chat_completions(
             .map(move |item| -> Result<Vec<Value>, ApiError> {
                 let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
                 let mut out = shape.opening();
-                let idx = chunk.choices.first().map(|c| c.index as usize).unwrap_or(0);
+                let idx = chunk.choices.first().map(|c| c.index).unwrap_or(0);
                 let st = states
                     .get_mut(idx)
                     .ok_or_else(|| ApiError::internal("choice index out of range"))?;
@@ -491,7 +491,7 @@ impl CompletionFanIn {
         >,
     ) -> Result<Option<Value>, ApiError> {
         let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
-        let Some(j) = chunk.choices.first().map(|c| c.index as usize) else {
+        let Some(j) = chunk.choices.first().map(|c| c.index) else {
             // A prompt's usage-only chunk: summed into the final one.
             let sum = self.usage.get_or_insert((0, 0));
             sum.0 += self.prompt_lens.get(pi).copied().unwrap_or(0);
