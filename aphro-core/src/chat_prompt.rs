@@ -210,6 +210,47 @@ impl ChatPrompter {
             .collect()
     }
 
+    /// The kwargs the template receives: `chat_template_kwargs` with the top-level
+    /// `reasoning_effort` on top (vLLM merges it in when set), before [`Self::filter_kwargs`].
+    pub fn request_kwargs(req: &ChatCompletionRequest) -> Map<String, Value> {
+        let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+        if let Some(effort) = &req.reasoning_effort {
+            kwargs.insert("reasoning_effort".into(), Value::String(effort.clone()));
+        }
+        kwargs
+    }
+
+    /// Strict kwargs: a `chat_template_kwargs` key or a `reasoning_effort` that the template
+    /// never reads would be dropped without effect (transformers' behaviour), so the client
+    /// is told instead.
+    pub fn check_kwargs_are_read(&self, req: &ChatCompletionRequest) -> Result<()> {
+        if let Some(kwargs) = &req.chat_template_kwargs {
+            for (k, v) in kwargs {
+                if !self.template.reads_variable(k) {
+                    return Err(Error::invalid_param(
+                        format!(
+                            "chat_template_kwargs.{k} is not read by this model's chat template, \
+                             so it would have no effect."
+                        ),
+                        &format!("chat_template_kwargs.{k}"),
+                        v,
+                    ));
+                }
+            }
+        }
+        if let Some(effort) = &req.reasoning_effort {
+            if !self.template.reads_variable("reasoning_effort") {
+                return Err(Error::invalid_param(
+                    "reasoning_effort is not supported by this model's chat template \
+                     (the template never reads it), so it would have no effect.",
+                    "reasoning_effort",
+                    effort,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Normalizes the request and renders the template.
     pub fn render(&self, req: &ChatCompletionRequest) -> Result<RenderedChat> {
         if req.continue_final_message && req.add_generation_prompt {
@@ -227,7 +268,7 @@ impl ChatPrompter {
             .tools
             .as_ref()
             .map(|t| t.iter().map(normalize_tool).collect());
-        let kwargs = self.filter_kwargs(req.chat_template_kwargs.as_ref().unwrap_or(&Map::new()));
+        let kwargs = self.filter_kwargs(&Self::request_kwargs(req));
 
         let mut ctx = Map::new();
         ctx.insert(
@@ -308,4 +349,88 @@ fn cut_after_final_message(rendered: String, last: Option<&Value>) -> Result<Str
     let mut rendered = rendered;
     rendered.truncate(end);
     Ok(rendered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::template::SystemClock;
+
+    fn prompter(src: &str) -> ChatPrompter {
+        ChatPrompter::new(
+            src,
+            Map::new(),
+            ContentFormat::String,
+            ToolArguments::Object,
+            Arc::new(SystemClock),
+        )
+        .expect("template compiles")
+    }
+
+    fn request(extra: Value) -> ChatCompletionRequest {
+        let mut body = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            body[k] = v.clone();
+        }
+        crate::renderer::parse_chat_request(&body).expect("valid request")
+    }
+
+    const TEMPLATE: &str =
+        "{% if reasoning_effort is defined %}[{{ reasoning_effort }}]{% endif %}\
+        {% for m in messages %}{{ m.content }}{% endfor %}{% if flavour %}!{% endif %}";
+
+    #[test]
+    fn reasoning_effort_reaches_the_template_and_overrides_the_kwarg() {
+        let p = prompter(TEMPLATE);
+        let out = p
+            .render(&request(serde_json::json!({
+                "reasoning_effort": "high",
+                "chat_template_kwargs": {"reasoning_effort": "low"}
+            })))
+            .expect("render");
+        assert_eq!(out.prompt, "[high]hi");
+        let out = p
+            .render(&request(
+                serde_json::json!({"chat_template_kwargs": {"reasoning_effort": "low"}}),
+            ))
+            .expect("render");
+        assert_eq!(out.prompt, "[low]hi");
+    }
+
+    #[test]
+    fn strict_check_names_unread_kwargs() {
+        let p = prompter(TEMPLATE);
+        assert!(p.template().reads_variable("flavour"));
+        assert!(p.template().reads_variable("reasoning_effort"));
+        assert!(!p.template().reads_variable("tone"));
+        assert!(p
+            .check_kwargs_are_read(&request(serde_json::json!({
+                "reasoning_effort": "low", "chat_template_kwargs": {"flavour": true}
+            })))
+            .is_ok());
+        let err = p
+            .check_kwargs_are_read(&request(
+                serde_json::json!({"chat_template_kwargs": {"tone": 1}}),
+            ))
+            .expect_err("unread kwarg");
+        assert!(
+            matches!(&err, Error::BadRequest { param: Some(p), .. } if p == "chat_template_kwargs.tone"),
+            "{err:?}"
+        );
+        let plain = prompter("{% for m in messages %}{{ m.content }}{% endfor %}");
+        let err = plain
+            .check_kwargs_are_read(&request(serde_json::json!({"reasoning_effort": "low"})))
+            .expect_err("template without reasoning_effort");
+        assert!(
+            matches!(&err, Error::BadRequest { param: Some(p), .. } if p == "reasoning_effort"),
+            "{err:?}"
+        );
+        // Without the strict check the kwarg is dropped, as transformers does.
+        let out = plain
+            .render(&request(
+                serde_json::json!({"reasoning_effort": "low", "chat_template_kwargs": {"tone": 1}}),
+            ))
+            .expect("render");
+        assert_eq!(out.prompt, "hi");
+    }
 }

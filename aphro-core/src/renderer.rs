@@ -41,6 +41,10 @@ pub struct RenderOptions {
     pub served_model_names: Option<Vec<String>>,
     /// Reasoning/tool parser hooks.
     pub hooks: Option<Arc<dyn RenderHooks>>,
+    /// Refuse (400) a `chat_template_kwargs` key or a `reasoning_effort` the chat template
+    /// never reads. Off by default: transformers (and so the render goldens) silently drop
+    /// such kwargs; the HTTP server turns it on so a client learns its knob does nothing.
+    pub strict_template_kwargs: bool,
 }
 
 impl Default for RenderOptions {
@@ -57,6 +61,7 @@ impl Default for RenderOptions {
             default_chat_template_kwargs: kw,
             served_model_names: None,
             hooks: None,
+            strict_template_kwargs: false,
         }
     }
 }
@@ -66,6 +71,7 @@ impl std::fmt::Debug for RenderOptions {
         f.debug_struct("RenderOptions")
             .field("content_format", &self.content_format)
             .field("max_model_len", &self.max_model_len)
+            .field("strict_template_kwargs", &self.strict_template_kwargs)
             .finish_non_exhaustive()
     }
 }
@@ -169,6 +175,9 @@ impl Renderer {
                  a chat template if the tokenizer does not define one.",
             )
         })?;
+        if self.options.strict_template_kwargs {
+            prompter.check_kwargs_are_read(req)?;
+        }
         prompter.render(req)
     }
 
@@ -776,7 +785,22 @@ fn truncate_prompt(
 }
 
 /// Request-level checks of §8.1 (those not covered by `SamplingParams`).
+/// OpenAI's `reasoning_effort` values plus vLLM's `max` (spec §8.1).
+pub const REASONING_EFFORTS: [&str; 7] =
+    ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
 fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
+    if let Some(effort) = &req.reasoning_effort {
+        if !REASONING_EFFORTS.contains(&effort.as_str()) {
+            return Err(Error::validation(
+                format!(
+                    "1 validation error:\n  body.reasoning_effort: Input should be {}; got {effort:?}",
+                    REASONING_EFFORTS.map(|e| format!("'{e}'")).join(", ")
+                ),
+                Some("body.reasoning_effort"),
+            ));
+        }
+    }
     if req.use_beam_search {
         return Err(Error::bad_request(
             "Beam search is not supported by the render endpoint",

@@ -2,6 +2,7 @@
 //! [`MetricsSnapshot`] for `/metrics` (names in `spec/api.md` §9).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// vLLM `vllm:time_to_first_token_seconds` buckets.
 pub const TTFT_BUCKETS: &[f64] = &[
@@ -19,11 +20,42 @@ pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// vLLM `vllm:iteration_tokens_total` buckets (tokens scheduled in one engine step).
+pub const ITERATION_TOKENS_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// vLLM `vllm:request_params_n` buckets.
+pub const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+/// `max_model_len` the token-count buckets assume when the engine has not said.
+pub const DEFAULT_TOKEN_BUCKETS_MAX: usize = 8192;
+
+/// vLLM's `build_1_2_5_buckets(max)`: 1, 2, 5, 10, 20, 50, ... up to `max` (token-count
+/// histograms: prompt/generation tokens, `max_tokens`).
+pub fn buckets_1_2_5(max: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut exponent = 1usize;
+    'outer: loop {
+        for m in [1, 2, 5] {
+            let v = m * exponent;
+            if v > max {
+                break 'outer;
+            }
+            out.push(v as f64);
+        }
+        exponent = match exponent.checked_mul(10) {
+            Some(e) => e,
+            None => break,
+        };
+    }
+    out
+}
+
 /// A Prometheus-style histogram: `counts[i]` observations `<= bounds[i]` (non-cumulative),
 /// plus an overflow bucket at the end.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Histogram {
-    pub bounds: &'static [f64],
+    /// Shared, so the per-step snapshot copy does not reallocate them.
+    pub bounds: Arc<[f64]>,
     pub counts: Vec<u64>,
     pub sum: f64,
     pub count: u64,
@@ -31,9 +63,13 @@ pub struct Histogram {
 
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Self {
+        Self::with_bounds(bounds.to_vec())
+    }
+
+    pub fn with_bounds(bounds: Vec<f64>) -> Self {
         Self {
-            bounds,
             counts: vec![0; bounds.len() + 1],
+            bounds: bounds.into(),
             sum: 0.0,
             count: 0,
         }
@@ -90,6 +126,26 @@ pub struct MetricsSnapshot {
     pub inter_token_latency: Histogram,
     pub e2e_request_latency: Histogram,
     pub request_queue_time: Histogram,
+    /// `vllm:request_prefill_time_seconds`: first scheduled → first token.
+    pub request_prefill_time: Histogram,
+    /// `vllm:request_decode_time_seconds`: first token → last token.
+    pub request_decode_time: Histogram,
+    /// `vllm:request_inference_time_seconds`: first scheduled → last token.
+    pub request_inference_time: Histogram,
+    /// `vllm:request_time_per_output_token_seconds`: decode time / (generated tokens - 1).
+    pub request_time_per_output_token: Histogram,
+    /// `vllm:iteration_tokens_total`: tokens (prefill + decode) computed per engine step.
+    pub iteration_tokens: Histogram,
+    /// `vllm:request_prompt_tokens` per finished request.
+    pub request_prompt_tokens: Histogram,
+    /// `vllm:request_generation_tokens`: tokens generated over all choices of a request.
+    pub request_generation_tokens: Histogram,
+    /// `vllm:request_max_num_generation_tokens`: the longest choice of a request.
+    pub request_max_num_generation_tokens: Histogram,
+    /// `vllm:request_params_max_tokens`.
+    pub request_params_max_tokens: Histogram,
+    /// `vllm:request_params_n`.
+    pub request_params_n: Histogram,
     pub steps: u64,
     /// False once a runner error killed the engine (`/health` → 503).
     pub healthy: bool,
@@ -97,6 +153,14 @@ pub struct MetricsSnapshot {
 
 impl Default for MetricsSnapshot {
     fn default() -> Self {
+        Self::with_max_model_len(DEFAULT_TOKEN_BUCKETS_MAX)
+    }
+}
+
+impl MetricsSnapshot {
+    /// Token-count histograms get vLLM's 1-2-5 buckets up to `max_model_len`.
+    pub fn with_max_model_len(max_model_len: usize) -> Self {
+        let tokens = || Histogram::with_bounds(buckets_1_2_5(max_model_len));
         Self {
             num_running: 0,
             num_waiting: 0,
@@ -114,8 +178,36 @@ impl Default for MetricsSnapshot {
             inter_token_latency: Histogram::new(ITL_BUCKETS),
             e2e_request_latency: Histogram::new(REQUEST_LATENCY_BUCKETS),
             request_queue_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
+            request_prefill_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
+            request_decode_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
+            request_inference_time: Histogram::new(REQUEST_LATENCY_BUCKETS),
+            request_time_per_output_token: Histogram::new(ITL_BUCKETS),
+            iteration_tokens: Histogram::new(ITERATION_TOKENS_BUCKETS),
+            request_prompt_tokens: tokens(),
+            request_generation_tokens: tokens(),
+            request_max_num_generation_tokens: tokens(),
+            request_params_max_tokens: tokens(),
+            request_params_n: Histogram::new(PARAMS_N_BUCKETS),
             steps: 0,
             healthy: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_two_five_buckets_match_vllm() {
+        assert_eq!(
+            buckets_1_2_5(100),
+            vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+        );
+        assert_eq!(buckets_1_2_5(4096).last(), Some(&2000.0));
+        assert!(buckets_1_2_5(0).is_empty());
+        let m = MetricsSnapshot::with_max_model_len(8192);
+        assert_eq!(m.request_prompt_tokens.bounds.last(), Some(&5000.0));
+        assert_eq!(m.request_params_n.counts.len(), PARAMS_N_BUCKETS.len() + 1);
     }
 }

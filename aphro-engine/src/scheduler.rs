@@ -71,6 +71,11 @@ struct Request {
     first_output_sent: bool,
     arrived_at: Instant,
     first_token_at: Option<Instant>,
+    /// Phase timestamps and token counts for the per-request histograms.
+    scheduled_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+    generated_total: usize,
+    generated_max: usize,
 }
 
 #[derive(Debug)]
@@ -133,7 +138,7 @@ impl EngineCore {
         );
         let mut metrics = MetricsSnapshot {
             kv_blocks_total: kv.num_blocks(),
-            ..MetricsSnapshot::default()
+            ..MetricsSnapshot::with_max_model_len(cfg.max_model_len)
         };
         metrics.healthy = true;
         Self {
@@ -241,6 +246,10 @@ impl EngineCore {
             first_output_sent: false,
             arrived_at: Instant::now(),
             first_token_at: None,
+            scheduled_at: None,
+            last_token_at: None,
+            generated_total: 0,
+            generated_max: 0,
             plan,
         };
         self.requests.insert(req.request_id, request);
@@ -454,6 +463,7 @@ impl EngineCore {
                 if let Some(req) = self.requests.get_mut(&request_id) {
                     if first_schedule {
                         req.scheduled_once = true;
+                        req.scheduled_at = Some(Instant::now());
                         req.cached_tokens = hit.min(req.prompt_len);
                         let queued = req.arrived_at.elapsed().as_secs_f64();
                         self.metrics.request_queue_time.observe(queued);
@@ -494,6 +504,8 @@ impl EngineCore {
         let logits = self.runner.execute(&batch)?;
         self.check_logits(&scheduled, &logits)?;
         self.metrics.steps += 1;
+        let step_tokens: usize = scheduled.iter().map(|s| s.num_tokens).sum();
+        self.metrics.iteration_tokens.observe(step_tokens as f64);
 
         let mut outs = Vec::new();
         for (s, l) in scheduled.iter().zip(&logits) {
@@ -645,6 +657,7 @@ impl EngineCore {
                 .observe((now - prev).as_secs_f64());
         }
         seq.last_token_at = Some(now);
+        req.last_token_at = Some(now);
 
         // vLLM check_stop order: min_tokens, primary EOS, stop ids, then length.
         let plan = &req.plan;
@@ -693,6 +706,9 @@ impl EngineCore {
         self.waiting.retain(|&s| s != seq_id);
         let done = match self.requests.get_mut(&seq.request_id) {
             Some(req) => {
+                let n_out = seq.output_len(req.prompt_len);
+                req.generated_total += n_out;
+                req.generated_max = req.generated_max.max(n_out);
                 req.seqs.retain(|&s| s != seq_id);
                 req.unfinished = req.unfinished.saturating_sub(1);
                 req.unfinished == 0
@@ -704,6 +720,7 @@ impl EngineCore {
                 self.metrics
                     .e2e_request_latency
                     .observe(req.arrived_at.elapsed().as_secs_f64());
+                observe_finished(&mut self.metrics, &req);
                 *self
                     .metrics
                     .request_success
@@ -724,6 +741,35 @@ impl EngineCore {
         m.prefix_cache_queries = s.queries;
         m.prefix_cache_hits = s.hits;
     }
+}
+
+/// vLLM's per-request histograms (phase times, token counts, request params).
+fn observe_finished(m: &mut MetricsSnapshot, req: &Request) {
+    let secs = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+        (Some(a), Some(b)) => Some(b.saturating_duration_since(a).as_secs_f64()),
+        _ => None,
+    };
+    if let Some(t) = secs(req.scheduled_at, req.first_token_at) {
+        m.request_prefill_time.observe(t);
+    }
+    if let Some(t) = secs(req.first_token_at, req.last_token_at) {
+        m.request_decode_time.observe(t);
+        if req.generated_max > 1 {
+            m.request_time_per_output_token
+                .observe(t / (req.generated_max - 1) as f64);
+        }
+    }
+    if let Some(t) = secs(req.scheduled_at, req.last_token_at) {
+        m.request_inference_time.observe(t);
+    }
+    m.request_prompt_tokens.observe(req.prompt_len as f64);
+    m.request_generation_tokens
+        .observe(req.generated_total as f64);
+    m.request_max_num_generation_tokens
+        .observe(req.generated_max as f64);
+    m.request_params_max_tokens
+        .observe(req.plan.max_tokens as f64);
+    m.request_params_n.observe(req.plan.n as f64);
 }
 
 #[derive(Clone, Copy)]

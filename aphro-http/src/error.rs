@@ -126,6 +126,15 @@ pub async fn route_not_found() -> Response {
     json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"}))
 }
 
+impl From<aphro_core::Error> for ApiError {
+    fn from(e: aphro_core::Error) -> Self {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut out = ApiError::new(status, e.error_type(), e.to_string());
+        out.param = e.param().map(str::to_owned);
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,14 +161,5 @@ mod tests {
             e.message,
             "The model `nope` does not exist. Valid aliases: smollm2"
         );
-    }
-}
-
-impl From<aphro_core::Error> for ApiError {
-    fn from(e: aphro_core::Error) -> Self {
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut out = ApiError::new(status, e.error_type(), e.to_string());
-        out.param = e.param().map(str::to_owned);
-        out
     }
 }

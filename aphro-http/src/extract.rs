@@ -122,12 +122,12 @@ mod tests {
 
     #[test]
     fn missing_field_names_its_location() {
-        let err = parse_json::<Req>(b"{}").unwrap_err();
+        let err = parse_json::<Req>(b"{}").expect_err("must be refused");
         assert_eq!(err.param.as_deref(), Some("body.messages"));
         assert_eq!(err.kind, "Bad Request");
-        let err = parse_json::<Req>(br#"{"messages":[{"role":1}]}"#).unwrap_err();
+        let err = parse_json::<Req>(br#"{"messages":[{"role":1}]}"#).expect_err("must be refused");
         assert_eq!(err.param.as_deref(), Some("body.messages[0].role"));
-        let err = parse_json::<Req>(b"{not json").unwrap_err();
+        let err = parse_json::<Req>(b"{not json").expect_err("must be refused");
         assert!(err.message.contains("JSON decode error"), "{}", err.message);
     }
 }

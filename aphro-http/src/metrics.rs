@@ -163,13 +163,66 @@ pub fn engine_exposition(m: &aphro_engine::metrics::MetricsSnapshot, model: &str
         &l,
         &m.e2e_request_latency,
     );
-    write_histogram(
-        &mut out,
-        "vllm:request_queue_time_seconds",
-        "Histogram of time spent in WAITING phase for request.",
-        &l,
-        &m.request_queue_time,
-    );
+    let histograms = [
+        (
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            &m.request_queue_time,
+        ),
+        (
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            &m.request_inference_time,
+        ),
+        (
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            &m.request_prefill_time,
+        ),
+        (
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            &m.request_decode_time,
+        ),
+        (
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            &m.request_time_per_output_token,
+        ),
+        (
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            &m.iteration_tokens,
+        ),
+        (
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            &m.request_prompt_tokens,
+        ),
+        (
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            &m.request_generation_tokens,
+        ),
+        (
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            &m.request_max_num_generation_tokens,
+        ),
+        (
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            &m.request_params_max_tokens,
+        ),
+        (
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            &m.request_params_n,
+        ),
+    ];
+    for (name, help, h) in histograms {
+        write_histogram(&mut out, name, help, &l, h);
+    }
     out
 }
 
@@ -180,11 +233,13 @@ mod tests {
 
     #[test]
     fn engine_snapshot_renders_vllm_names_with_labels() {
-        let mut m = MetricsSnapshot::default();
-        m.num_running = 2;
-        m.num_waiting = 1;
-        m.kv_cache_usage = 0.25;
-        m.prompt_tokens_total = 10;
+        let mut m = MetricsSnapshot {
+            num_running: 2,
+            num_waiting: 1,
+            kv_cache_usage: 0.25,
+            prompt_tokens_total: 10,
+            ..MetricsSnapshot::default()
+        };
         m.request_success.insert("stop", 3);
         m.time_to_first_token.observe(0.03);
         m.time_to_first_token.observe(0.5);

@@ -73,8 +73,8 @@ mod tests {
         ]);
         let body = axum::body::to_bytes(sse_body(events), usize::MAX)
             .await
-            .unwrap();
-        let text = String::from_utf8(body.to_vec()).unwrap();
+            .expect("body");
+        let text = String::from_utf8(body.to_vec()).expect("utf-8");
         assert_eq!(
             text,
             "data: {\"a\":1}\n\ndata: {\"error\":{\"message\":\"boom\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n"

@@ -252,7 +252,7 @@ fn integrated_server_and_disaggregated_round_trip_agree() {
             }
         }
     }
-    let last_data = raw.lines().filter(|l| l.starts_with("data: ")).last();
+    let last_data = raw.lines().rfind(|l| l.starts_with("data: "));
     assert_eq!(last_data, Some("data: [DONE]"), "{raw}");
     assert_eq!(text, answer);
 
@@ -267,4 +267,190 @@ fn integrated_server_and_disaggregated_round_trip_agree() {
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["choices"].as_array().map(Vec::len), Some(2));
     assert!(v["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
+}
+
+fn sse_events(raw: &str) -> Vec<Value> {
+    let lines: Vec<&str> = raw.lines().filter(|l| l.starts_with("data: ")).collect();
+    assert_eq!(lines.last().copied(), Some("data: [DONE]"), "{raw}");
+    lines[..lines.len() - 1]
+        .iter()
+        .map(|l| json(&l["data: ".len()..]))
+        .collect()
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    v.as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn stream_post(base: &str, path: &str, body: &Value) -> Vec<Value> {
+    let mut sock = open_post(base, path, body);
+    let mut raw = String::new();
+    sock.read_to_string(&mut raw).expect("read");
+    let body = raw.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    assert!(raw.contains("text/event-stream"), "{raw}");
+    // The response is chunked: keep only the event lines.
+    sse_events(body)
+}
+
+/// The integrated server's streams in vLLM's exact shapes, multi-prompt streaming
+/// completions, and the per-request histograms of /metrics.
+#[test]
+fn integrated_stream_shapes_multi_prompt_streaming_and_request_metrics() {
+    let model = gguf();
+    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    args.extend(engine_flags());
+    let s = Server::start(&args);
+
+    // Chat: `exclude_unset` chunks (wire spec §8.1).
+    let events = stream_post(
+        &s.base,
+        "/v1/chat/completions",
+        &json!({"model": "smol", "messages": [{"role": "user", "content": "Hi there"}],
+                "max_tokens": 8, "ignore_eos": true, "temperature": 0, "stream": true,
+                "stream_options": {"include_usage": true}}),
+    );
+    assert!(events.len() >= 3, "{events:?}");
+    let first = &events[0];
+    assert_eq!(keys(first), ["id", "object", "created", "model", "choices"]);
+    assert_eq!(
+        first["choices"],
+        json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])
+    );
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["model"], "smol");
+    let id = first["id"].as_str().expect("id");
+    assert!(id.starts_with("chatcmpl-"), "{id}");
+    let (usage, token_chunks) = events[1..].split_last().expect("usage chunk");
+    let (last, middle) = token_chunks.split_last().expect("final chunk");
+    assert!(!middle.is_empty());
+    for c in middle {
+        assert_eq!(
+            keys(c),
+            ["id", "object", "created", "model", "choices"],
+            "{c}"
+        );
+        let ch = &c["choices"][0];
+        assert_eq!(
+            keys(ch),
+            ["index", "delta", "logprobs", "finish_reason", "token_ids"],
+            "{c}"
+        );
+        assert_eq!(keys(&ch["delta"]), ["content"], "{c}");
+        assert_eq!(
+            (&ch["finish_reason"], &ch["logprobs"], &ch["token_ids"]),
+            (&Value::Null, &Value::Null, &Value::Null)
+        );
+    }
+    let ch = &last["choices"][0];
+    assert_eq!(
+        keys(ch),
+        [
+            "index",
+            "delta",
+            "logprobs",
+            "finish_reason",
+            "stop_reason",
+            "token_ids"
+        ],
+        "{last}"
+    );
+    assert_eq!(ch["finish_reason"], "length");
+    assert_eq!(
+        keys(usage),
+        ["id", "object", "created", "model", "choices", "usage"]
+    );
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(
+        keys(&usage["usage"]),
+        ["prompt_tokens", "total_tokens", "completion_tokens"]
+    );
+    assert_eq!(usage["usage"]["completion_tokens"], 8);
+    for e in &events {
+        assert_eq!((&e["id"], &e["created"]), (&first["id"], &first["created"]));
+    }
+
+    // Completions: two prompts × n=2 streamed, interleaved with index = prompt * n + choice,
+    // the same text as the non-streaming response, one summed usage chunk.
+    let req = json!({"model": "smol", "prompt": ["Once upon a time", "The sky is"], "n": 2,
+                     "max_tokens": 5, "ignore_eos": true, "temperature": 1.0, "seed": 7});
+    let (status, body) = s.post("/v1/completions", &req, &[]);
+    assert_eq!(status, 200, "{body}");
+    let whole = json(&body);
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = stream_post(&s.base, "/v1/completions", &streamed);
+    let (usage, chunks) = events.split_last().expect("usage chunk");
+    let mut texts = vec![String::new(); 4];
+    let mut finished = [0; 4];
+    let cmpl_id = chunks[0]["id"].as_str().expect("id");
+    assert!(cmpl_id.starts_with("cmpl-"), "{cmpl_id}");
+    for c in chunks {
+        assert_eq!(c["id"], json!(cmpl_id));
+        assert_eq!(c["object"], "text_completion");
+        let ch = &c["choices"][0];
+        let i = ch["index"].as_u64().expect("index") as usize;
+        assert!(i < 4, "{c}");
+        texts[i].push_str(ch["text"].as_str().expect("text"));
+        if !ch["finish_reason"].is_null() {
+            finished[i] += 1;
+        }
+    }
+    assert_eq!(finished, [1; 4]);
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(json!(t), whole["choices"][i]["text"], "choice {i}");
+    }
+    assert_eq!(
+        keys(usage),
+        ["id", "object", "created", "model", "choices", "usage"]
+    );
+    assert_eq!(usage["usage"]["completion_tokens"], 20);
+    assert_eq!(
+        usage["usage"]["prompt_tokens"],
+        whole["usage"]["prompt_tokens"]
+    );
+
+    // Per-request histograms: five finished requests (1 chat + 2 × 2 completion prompts).
+    let finished_requests = 5.0;
+    for name in [
+        "vllm:request_prompt_tokens_count",
+        "vllm:request_generation_tokens_count",
+        "vllm:request_params_n_count",
+        "vllm:request_params_max_tokens_count",
+        "vllm:request_prefill_time_seconds_count",
+        "vllm:request_decode_time_seconds_count",
+        "vllm:request_inference_time_seconds_count",
+    ] {
+        assert_eq!(metric(&s, name), finished_requests, "{name}");
+    }
+    assert_eq!(metric(&s, "vllm:request_params_n_sum"), 1.0 + 4.0 * 2.0);
+    assert_eq!(
+        metric(&s, "vllm:request_params_max_tokens_sum"),
+        8.0 + 4.0 * 5.0
+    );
+    assert_eq!(
+        metric(&s, "vllm:request_generation_tokens_sum"),
+        8.0 + 4.0 * 10.0
+    );
+    assert_eq!(
+        metric(&s, "vllm:request_generation_tokens_sum"),
+        metric(&s, "vllm:generation_tokens_total")
+    );
+    assert_eq!(
+        metric(&s, "vllm:request_prompt_tokens_sum"),
+        metric(&s, "vllm:prompt_tokens_total")
+    );
+    assert!(metric(&s, "vllm:iteration_tokens_total_count") > 0.0);
+    assert!(metric(&s, "vllm:iteration_tokens_total_sum") > 0.0);
+    assert!(
+        metric(&s, "vllm:request_decode_time_seconds_sum")
+            <= metric(&s, "vllm:request_inference_time_seconds_sum")
+    );
+    let (_, text) = s.get("/metrics", &[]);
+    assert!(
+        text.contains("vllm:request_params_n_bucket{engine=\"0\",model_name=\"smol\",le=\"2\"} 5"),
+        "{text}"
+    );
 }

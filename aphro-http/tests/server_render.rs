@@ -259,3 +259,49 @@ fn error_cases_keep_vllm_status_and_envelope() {
     let (status, body) = s.post("/v1/chat/completions", &chat_request(), &[AUTH]);
     assert_eq!((status, body.as_str()), (404, r#"{"detail":"Not Found"}"#));
 }
+
+/// Template kwargs the chat template never reads, and `reasoning_effort` on a template without
+/// it, are refused by name instead of being silently dropped; a kwarg it does read works.
+#[test]
+fn unread_template_kwargs_and_reasoning_effort_are_refused() {
+    let s = start();
+    let chat = |extra: Value| {
+        let mut body = json!({"model": "qwen3", "messages": [{"role": "user", "content": "Hi"}]});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let (status, text) = s.post("/v1/chat/completions/render", &body, &[AUTH]);
+        (status, json(&text))
+    };
+
+    // qwen3's template reads `enable_thinking`: accepted, and it changes the prompt.
+    let (status, on) = chat(json!({"chat_template_kwargs": {"enable_thinking": true}}));
+    assert_eq!(status, 200, "{on}");
+    let (status, off) = chat(json!({"chat_template_kwargs": {"enable_thinking": false}}));
+    assert_eq!(status, 200, "{off}");
+    assert_ne!(on["token_ids"], off["token_ids"]);
+
+    let (status, body) =
+        chat(json!({"chat_template_kwargs": {"enable_thinking": true, "tone": "formal"}}));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "BadRequestError");
+    assert_eq!(body["error"]["param"], "chat_template_kwargs.tone");
+    assert_eq!(body["error"]["code"], 400);
+    let msg = body["error"]["message"].as_str().expect("message");
+    assert!(
+        msg.contains("chat_template_kwargs.tone is not read"),
+        "{msg}"
+    );
+
+    // A valid effort the template never reads.
+    let (status, body) = chat(json!({"reasoning_effort": "low"}));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "BadRequestError");
+    assert_eq!(body["error"]["param"], "reasoning_effort");
+
+    // A value outside the OpenAI set is refused whatever the template.
+    let (status, body) = chat(json!({"reasoning_effort": "extreme"}));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "Bad Request");
+    assert_eq!(body["error"]["param"], "body.reasoning_effort");
+}

@@ -336,6 +336,12 @@ impl ChatTemplate {
         &self.variables
     }
 
+    /// Whether the template ever looks `name` up, including `{% if name is defined %}`
+    /// tests. Computed once at compile time; a kwarg it does not read cannot change the prompt.
+    pub fn reads_variable(&self, name: &str) -> bool {
+        self.variables.contains(name)
+    }
+
     /// The auto-detected content format (never `Auto`).
     pub fn detected_content_format(&self) -> ContentFormat {
         self.content_format

@@ -35,6 +35,19 @@ pub fn run(cmd: LaunchCommand) -> anyhow::Result<ExitCode> {
 }
 
 fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
+    let server_args = args.server.clone();
+    let state = build_render_state(args)?;
+    server::run_blocking(
+        state,
+        &server_args.host,
+        server_args.port,
+        server_args.timeout_keep_alive,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads tokenizer, renderer and derenderer into the state [`server::router`] serves.
+pub fn build_render_state(args: RenderArgs) -> anyhow::Result<AppState> {
     let model_arg = resolve_model_arg(args.model.as_deref())?;
     let model =
         Arc::new(Model::load(&model_arg).with_context(|| format!("loading model `{model_arg}`"))?);
@@ -65,14 +78,7 @@ fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         enable_request_id_headers: args.server.enable_request_id_headers,
         max_body_bytes: args.server.max_request_body_bytes,
     };
-    let state = AppState::new(settings)
+    Ok(AppState::new(settings)
         .with_renderer(renderer)
-        .with_derenderer(derenderer);
-    server::run_blocking(
-        state,
-        &args.server.host,
-        args.server.port,
-        args.server.timeout_keep_alive,
-    )?;
-    Ok(ExitCode::SUCCESS)
+        .with_derenderer(derenderer))
 }

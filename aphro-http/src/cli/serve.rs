@@ -28,7 +28,21 @@ pub struct Args {
     pub engine: EngineArgs,
 }
 
-pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let server_args = args.server.clone();
+    let state = build_state(args)?;
+    server::run_blocking(
+        state,
+        &server_args.host,
+        server_args.port,
+        server_args.timeout_keep_alive,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the engine (and, unless `--tokens-only`, tokenizer, renderer and derenderer) into
+/// the state [`server::router`] serves; embedders and the load benchmark call this too.
+pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
     if let Some(m) = args.model_arg.take() {
         args.engine.model = Some(m);
     }
@@ -69,11 +83,5 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             .with_renderer(Arc::new(renderer))
             .with_derenderer(Arc::new(derenderer));
     }
-    server::run_blocking(
-        state,
-        &args.server.host,
-        args.server.port,
-        args.server.timeout_keep_alive,
-    )?;
-    Ok(ExitCode::SUCCESS)
+    Ok(state)
 }

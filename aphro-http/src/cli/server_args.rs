@@ -52,6 +52,11 @@ pub struct FrontendArgs {
     /// Let the model choose tool calls when `tool_choice` is `auto`.
     #[arg(long)]
     pub enable_auto_tool_choice: bool,
+    /// Accept `chat_template_kwargs` keys and `reasoning_effort` that the chat template never
+    /// reads (they are then silently dropped, as transformers and vLLM do). By default such
+    /// requests get a 400 naming the parameter.
+    #[arg(long)]
+    pub no_strict_chat_template_kwargs: bool,
 }
 
 /// The model to serve: the argument, or the embedded default.
@@ -104,6 +109,7 @@ pub fn build_renderer(
             .parse::<ContentFormat>()?,
         max_model_len,
         served_model_names: Some(served.to_vec()),
+        strict_template_kwargs: !front.no_strict_chat_template_kwargs,
         ..RenderOptions::default()
     };
     if let Some(raw) = &front.default_chat_template_kwargs {

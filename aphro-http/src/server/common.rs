@@ -5,22 +5,27 @@ use crate::metrics::TEXT_CONTENT_TYPE;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// The vLLM release whose wire protocol aphro speaks; `/version` reports it so routers that
 /// gate features on the version keep working.
 pub const VLLM_COMPAT_VERSION: &str = "0.33.0";
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/health", get(health))
-        .route("/version", get(version))
-        .route("/v1/models", get(models))
-        .route("/metrics", get(metrics))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(version))
+        .routes(routes!(models))
+        .routes(routes!(metrics))
 }
 
+/// Liveness: 200 with an empty body; 503 with the reason once the engine has died.
+#[utoipa::path(get, path = "/health", tag = "utility", responses(
+    (status = 200, description = "Serving."),
+    (status = 503, description = "The engine failed and stopped serving.", body = String, content_type = "text/plain"),
+))]
 async fn health(State(state): State<AppState>) -> Response {
     if let Some(engine) = &state.engine {
         if !engine.is_healthy() {
@@ -35,10 +40,19 @@ async fn health(State(state): State<AppState>) -> Response {
     }
 }
 
+/// The vLLM release whose wire protocol this server speaks.
+#[utoipa::path(get, path = "/version", tag = "utility", responses(
+    (status = 200, description = "The compatible vLLM version.", body = super::openapi::VersionResponse),
+))]
 async fn version() -> Response {
     json_response(StatusCode::OK, &json!({"version": VLLM_COMPAT_VERSION}))
 }
 
+/// The served model names (OpenAI model list with vLLM's extra fields).
+#[utoipa::path(get, path = "/v1/models", tag = "utility", responses(
+    (status = 200, description = "`{\"object\": \"list\", \"data\": [model cards]}`.", body = Object),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+))]
 async fn models(State(state): State<AppState>) -> Response {
     let s = &state.settings;
     let data: Vec<_> = s
@@ -73,6 +87,10 @@ async fn models(State(state): State<AppState>) -> Response {
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
+/// Prometheus text exposition under vLLM's metric names.
+#[utoipa::path(get, path = "/metrics", tag = "utility", responses(
+    (status = 200, description = "Prometheus text format 0.0.4.", body = String, content_type = "text/plain"),
+))]
 async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.metrics.render();
     if let Some(engine) = &state.engine {

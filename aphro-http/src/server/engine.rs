@@ -15,18 +15,18 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use futures::StreamExt;
 use serde_json::Value;
 use std::sync::Arc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn routes(tokens_only: bool) -> Router<AppState> {
-    let mut r = Router::new()
-        .route("/inference/v1/generate", post(generate))
-        .route("/inference/v1/abort_requests", post(abort));
+pub fn routes(tokens_only: bool) -> OpenApiRouter<AppState> {
+    let mut r = OpenApiRouter::new()
+        .routes(routes!(generate))
+        .routes(routes!(abort));
     if tokens_only {
-        r = r.route("/abort_requests", post(abort));
+        r = r.routes(routes!(abort_legacy));
     }
     r
 }
@@ -73,6 +73,16 @@ fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
     crate::extract::parse_json::<Value>(body)
 }
 
+/// Token ids in, token ids (or text, or a derendered message) out; SSE when `stream`.
+#[utoipa::path(post, path = "/inference/v1/generate", tag = "generate",
+    request_body(content = Object, description = "A `GenerateRequest` (as `/v1/chat/completions/render` returns it)."),
+    responses(
+    (status = 200, description = "A `GenerateResponse`, or with `stream: true` an SSE stream of `GenerateStreamResponse` events ending in `data: [DONE]`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 503, description = "The engine failed and stopped serving.", body = super::openapi::ErrorResponse),
+))]
 async fn generate(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -106,8 +116,31 @@ fn stream_requested(v: &Value) -> bool {
     v.get("stream").and_then(Value::as_bool).unwrap_or(false)
 }
 
+/// Abort in-flight requests by their `generate-tokens-…` ids.
+#[utoipa::path(post, path = "/inference/v1/abort_requests", tag = "generate",
+    request_body(content = Object, description = "`{\"request_ids\": [str]}`."),
+    responses(
+    (status = 200, description = "Accepted; the abort runs in the background."),
+    (status = 400, description = "Malformed body.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+))]
+async fn abort(state: State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    abort_ids(state, body).await
+}
+
+/// The legacy, unauthenticated abort route of `--tokens-only` servers.
+#[utoipa::path(post, path = "/abort_requests", tag = "generate",
+    request_body(content = Object, description = "`{\"request_ids\": [str]}`."),
+    responses(
+    (status = 200, description = "Accepted; the abort runs in the background."),
+    (status = 400, description = "Malformed body.", body = super::openapi::ErrorResponse),
+))]
+async fn abort_legacy(state: State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    abort_ids(state, body).await
+}
+
 /// `{"request_ids": [...]}` → 200 with an empty body; the abort runs in the background.
-async fn abort(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn abort_ids(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::validation(format!("JSON decode error: {e}")))?;
     let ids: Vec<String> = value

@@ -12,6 +12,7 @@
 mod common;
 pub mod engine;
 pub mod openai;
+pub mod openapi;
 pub mod render;
 pub mod unsupported;
 
@@ -135,12 +136,9 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Build the router for `state.settings.role`.
-pub fn router(state: AppState) -> Router {
-    let limit = BodyLimit(state.settings.max_body_bytes);
-    let keys = ApiKeys::new(state.settings.api_keys.clone());
+/// The routes a role mounts, each registered together with its OpenAPI operation.
+fn role_routes(role: Role) -> utoipa_axum::router::OpenApiRouter<AppState> {
     let mut app = common::routes();
-    let role = state.settings.role;
     if matches!(role, Role::Render | Role::Full) {
         app = app.merge(render::routes());
     }
@@ -150,6 +148,38 @@ pub fn router(state: AppState) -> Router {
     if role == Role::Full {
         app = app.merge(openai::routes());
     }
+    app
+}
+
+/// The OpenAPI document of a role: exactly the routes [`router`] mounts for it (plus nothing
+/// else; `/openapi.json` and `/docs` describe the API rather than belong to it, as in FastAPI).
+pub fn openapi_document(role: Role) -> utoipa::openapi::OpenApi {
+    openapi::finish(role_routes(role).split_for_parts().1)
+}
+
+/// Build the router for `state.settings.role`.
+pub fn router(state: AppState) -> Router {
+    let limit = BodyLimit(state.settings.max_body_bytes);
+    let keys = ApiKeys::new(state.settings.api_keys.clone());
+    let (app, doc) = role_routes(state.settings.role).split_for_parts();
+    let doc_json: Arc<str> = openapi::finish(doc)
+        .to_json()
+        .unwrap_or_else(|_| "{}".to_owned())
+        .into();
+    let app = app
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let body = doc_json.to_string();
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        body,
+                    )
+                }
+            }),
+        )
+        .route("/docs", axum::routing::get(openapi::docs));
     let metrics = state.metrics.clone();
     let echo_request_id = state.settings.enable_request_id_headers;
     app.fallback(route_not_found)
@@ -278,6 +308,108 @@ mod tests {
         );
         assert_eq!(call(app.clone(), "/health", None).await.0, StatusCode::OK);
         assert_eq!(call(app, "/metrics", None).await.0, StatusCode::OK);
+    }
+
+    /// `(method, path)` pairs of an OpenAPI document.
+    fn operations(doc: &serde_json::Value) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for method in item.as_object().expect("path item").keys() {
+                out.push((method.to_uppercase(), path.clone()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn expected(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v: Vec<_> = list
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn openapi_lists_exactly_each_roles_routes() {
+        let common = [
+            ("GET", "/health"),
+            ("GET", "/version"),
+            ("GET", "/v1/models"),
+            ("GET", "/metrics"),
+        ];
+        let render = [
+            ("POST", "/v1/chat/completions/render"),
+            ("POST", "/v1/completions/render"),
+            ("POST", "/v1/chat/completions/derender"),
+            ("POST", "/v1/completions/derender"),
+            ("POST", "/tokenize"),
+            ("POST", "/detokenize"),
+        ];
+        let engine = [
+            ("POST", "/inference/v1/generate"),
+            ("POST", "/inference/v1/abort_requests"),
+        ];
+        let openai = [
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/v1/completions"),
+        ];
+        let cases: [(Role, Vec<(&str, &str)>); 3] = [
+            (Role::Render, [&common[..], &render[..]].concat()),
+            (
+                Role::TokensOnly,
+                [&common[..], &engine[..], &[("POST", "/abort_requests")][..]].concat(),
+            ),
+            (
+                Role::Full,
+                [&common[..], &render[..], &engine[..], &openai[..]].concat(),
+            ),
+        ];
+        for (role, want) in cases {
+            let mut st = state(vec![]);
+            Arc::make_mut(&mut st.settings).role = role;
+            let app = router(st);
+            let (status, body) = call(app.clone(), "/openapi.json", None).await;
+            assert_eq!(status, StatusCode::OK);
+            let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+            assert_eq!(
+                doc["openapi"].as_str().map(|v| v.starts_with("3.")),
+                Some(true)
+            );
+            let ops = operations(&doc);
+            assert_eq!(ops, expected(&want), "{role:?}");
+            // Every documented operation is really mounted: a wrong method gets 405, an
+            // unmounted path the 404 fallback.
+            for (method, path) in &ops {
+                let other = if method == "GET" { "DELETE" } else { "GET" };
+                let req = HttpRequest::builder()
+                    .method(other)
+                    .uri(path.as_str())
+                    .body(Body::empty())
+                    .expect("request");
+                let resp = app.clone().oneshot(req).await.expect("response");
+                assert_eq!(
+                    resp.status(),
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{role:?} {method} {path} is documented but not mounted"
+                );
+            }
+            assert_eq!(
+                doc["components"]["schemas"]["ErrorResponse"]["type"],
+                "object"
+            );
+            assert_eq!(
+                openapi_document(role).paths.paths.len(),
+                doc["paths"].as_object().map_or(0, |p| p.len())
+            );
+            let (status, html) = call(app, "/docs", None).await;
+            assert_eq!(status, StatusCode::OK);
+            assert!(
+                html.contains("/openapi.json") && html.contains("<html"),
+                "{html}"
+            );
+        }
     }
 
     #[tokio::test]

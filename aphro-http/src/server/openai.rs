@@ -8,7 +8,7 @@ use super::AppState;
 use crate::error::{json_response, ApiError};
 use crate::extract::JsonBody;
 use crate::sse::sse_response;
-use aphro_core::derenderer::ChatDerenderStream;
+use aphro_core::derenderer::{ChatDerenderStream, CompletionDerenderStream};
 use aphro_core::protocol::{
     ChatCompletionRequest, DerenderChatRequest, DerenderCompletionRequest, GenerateRequest,
     GenerateResponse, GenerateStreamResponse,
@@ -18,16 +18,16 @@ use aphro_engine::serving::ServingEngine;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::post;
-use axum::Router;
 use futures::StreamExt;
 use serde_json::Value;
 use std::sync::Arc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(chat_completions))
+        .routes(routes!(completions))
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
@@ -47,6 +47,16 @@ async fn run_full(
     to_core(serde_json::to_value(&resp).map_err(internal)?)
 }
 
+/// The OpenAI chat endpoint: render, generate and derender in one process.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    request_body(content = Object, description = "An OpenAI `ChatCompletionRequest`."),
+    responses(
+    (status = 200, description = "A `ChatCompletionResponse`, or with `stream: true` an SSE stream of chunks ending in `data: [DONE]`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 503, description = "The engine failed and stopped serving.", body = super::openapi::ErrorResponse),
+))]
 async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -76,16 +86,32 @@ async fn chat_completions(
         for s in &mut states {
             s.set_prompt_tokens(Some(prompt_ids.len() as u64));
         }
-        let events = stream.into_events().map(move |item| {
-            let ev = item?.to_json();
-            let chunk: GenerateStreamResponse = to_core(ev)?;
-            let idx = chunk.choices.first().map(|c| c.index as usize).unwrap_or(0);
-            let st = states
-                .get_mut(idx)
-                .ok_or_else(|| ApiError::internal("choice index out of range"))?;
-            let out = st.push(&chunk)?;
-            serde_json::to_value(out).map_err(internal)
-        });
+        let mut shape = CoupledChatChunks::new(
+            &chat,
+            &state,
+            chat_id,
+            &prompt_ids,
+            n,
+            derenderer.has_parser(),
+        );
+        let events = stream
+            .into_events()
+            .map(move |item| -> Result<Vec<Value>, ApiError> {
+                let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
+                let mut out = shape.opening();
+                let idx = chunk.choices.first().map(|c| c.index).unwrap_or(0);
+                let st = states
+                    .get_mut(idx)
+                    .ok_or_else(|| ApiError::internal("choice index out of range"))?;
+                out.extend(shape.chunk(st.push(&chunk)?));
+                Ok(out)
+            })
+            .flat_map(|r| {
+                futures::stream::iter(match r {
+                    Ok(v) => v.into_iter().map(Ok).collect::<Vec<_>>(),
+                    Err(e) => vec![Err(e)],
+                })
+            });
         return Ok(sse_response(events));
     }
     let n_prompt = prompt_ids.len() as u64;
@@ -108,6 +134,16 @@ async fn chat_completions(
     Ok(json_response(StatusCode::OK, &v))
 }
 
+/// The OpenAI completion endpoint: render, generate and derender in one process.
+#[utoipa::path(post, path = "/v1/completions", tag = "openai",
+    request_body(content = Object, description = "An OpenAI `CompletionRequest`."),
+    responses(
+    (status = 200, description = "A `CompletionResponse`, or with `stream: true` an SSE stream of chunks ending in `data: [DONE]`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 503, description = "The engine failed and stopped serving.", body = super::openapi::ErrorResponse),
+))]
 async fn completions(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -130,36 +166,8 @@ async fn completions(
         .map(|r| r.request_id.trim_end_matches("-0").to_owned())
         .unwrap_or_default();
     if req.stream {
-        if rendered.len() != 1 {
-            return Err(
-                ApiError::bad_request("Streaming is supported for a single prompt only.")
-                    .with_param("prompt"),
-            );
-        }
-        let mut it = rendered.into_iter();
-        let r = it
-            .next()
-            .ok_or_else(|| ApiError::internal("no prompt rendered"))?;
-        let prompt_ids = r.token_ids.clone();
-        let n = r.sampling_params.n.max(1) as usize;
-        let stream = engine.generate(r, None)?;
-        let mut states = (0..n)
-            .map(|i| {
-                derenderer.completion_stream(Some(&req), base_id.clone(), Some(&prompt_ids), i)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        for s in &mut states {
-            s.set_prompt_tokens(Some(prompt_ids.len() as u64));
-        }
-        let events = stream.into_events().map(move |item| {
-            let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
-            let idx = chunk.choices.first().map(|c| c.index as usize).unwrap_or(0);
-            let st = states
-                .get_mut(idx)
-                .ok_or_else(|| ApiError::internal("choice index out of range"))?;
-            serde_json::to_value(st.push(&chunk)?).map_err(internal)
-        });
-        return Ok(sse_response(events));
+        let model = state.resolve_model(req.model.as_deref())?;
+        return stream_completions(&engine, &derenderer, &req, rendered, base_id, model);
     }
     let prompt_tokens: Vec<u64> = rendered.iter().map(|r| r.token_ids.len() as u64).collect();
     let prompt_ids: Vec<Option<Vec<u32>>> =
@@ -182,6 +190,331 @@ async fn completions(
     let mut v = serde_json::to_value(resp).map_err(internal)?;
     v["id"] = Value::String(base_id);
     Ok(json_response(StatusCode::OK, &v))
+}
+
+/// Drops null-valued keys, recursively (pydantic's `exclude_none`).
+fn without_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
+}
+
+/// The coupled chat stream as vLLM writes it (wire spec §8.1): unlike the derender
+/// endpoint's full dumps, each chunk is serialized with `exclude_unset`, so only the keys
+/// vLLM sets appear: one opening chunk per choice with `{"role", "content": ""}`, then
+/// deltas holding just what changed, `stop_reason` only on the finishing chunk, and a
+/// usage-only chunk without nulls.
+struct CoupledChatChunks {
+    id: String,
+    created: i64,
+    model: Option<String>,
+    role: String,
+    n: usize,
+    has_parser: bool,
+    /// `Some` until the opening chunks went out.
+    opening_prompt_ids: Option<Option<Vec<u32>>>,
+    continuous_usage: bool,
+    prompt_tokens: u64,
+}
+
+impl CoupledChatChunks {
+    fn new(
+        chat: &ChatCompletionRequest,
+        state: &AppState,
+        id: String,
+        prompt_ids: &[u32],
+        n: usize,
+        has_parser: bool,
+    ) -> Self {
+        // vLLM's `get_chat_request_role`: the last message's role when not adding a prompt.
+        let role = if chat.add_generation_prompt {
+            "assistant".to_owned()
+        } else {
+            chat.messages
+                .last()
+                .map_or_else(|| "assistant".to_owned(), |m| m.role.clone())
+        };
+        let opts = chat.stream_options.as_ref();
+        CoupledChatChunks {
+            id,
+            created: super::unix_now() as i64,
+            model: state.resolve_model(chat.model.as_deref()).ok(),
+            role,
+            n,
+            has_parser,
+            opening_prompt_ids: Some(
+                chat.return_token_ids
+                    .unwrap_or(false)
+                    .then(|| prompt_ids.to_vec()),
+            ),
+            continuous_usage: opts.is_some_and(|o| o.include_usage && o.continuous_usage_stats),
+            prompt_tokens: prompt_ids.len() as u64,
+        }
+    }
+
+    fn head(&self, model: &str) -> serde_json::Map<String, Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("id".into(), Value::String(self.id.clone()));
+        m.insert(
+            "object".into(),
+            Value::String("chat.completion.chunk".into()),
+        );
+        m.insert("created".into(), Value::from(self.created));
+        m.insert("model".into(), Value::String(model.to_owned()));
+        m
+    }
+
+    /// The role chunks, once, before the first engine output.
+    fn opening(&mut self) -> Vec<Value> {
+        let Some(prompt_ids) = self.opening_prompt_ids.take() else {
+            return Vec::new();
+        };
+        let model = self.model.clone().unwrap_or_default();
+        (0..self.n)
+            .map(|i| {
+                let mut m = self.head(&model);
+                m.insert(
+                    "choices".into(),
+                    serde_json::json!([{"index": i, "delta": {"role": self.role, "content": ""},
+                                        "logprobs": null, "finish_reason": null}]),
+                );
+                if let Some(ids) = &prompt_ids {
+                    m.insert("prompt_token_ids".into(), serde_json::json!(ids));
+                }
+                if self.continuous_usage {
+                    m.insert(
+                        "usage".into(),
+                        serde_json::json!({"prompt_tokens": self.prompt_tokens,
+                                           "total_tokens": self.prompt_tokens,
+                                           "completion_tokens": 0}),
+                    );
+                }
+                Value::Object(m)
+            })
+            .collect()
+    }
+
+    /// One derendered chunk in vLLM's `exclude_unset` shape, or `None` when vLLM would skip
+    /// it (a parser that emitted nothing on a step with nothing else to deliver).
+    fn chunk(&mut self, c: aphro_core::protocol::ChatCompletionChunk) -> Option<Value> {
+        let model = self.model.clone().unwrap_or_else(|| c.model.clone());
+        let mut m = self.head(&model);
+        let usage = c
+            .usage
+            .and_then(|u| serde_json::to_value(u).ok())
+            .map(without_nulls);
+        let Some(choice) = c.choices.into_iter().next() else {
+            m.insert("choices".into(), Value::Array(Vec::new()));
+            m.insert("usage".into(), usage.unwrap_or(Value::Null));
+            return Some(Value::Object(m));
+        };
+        let d = choice.delta;
+        let mut delta = serde_json::Map::new();
+        if self.has_parser {
+            if let Some(t) = d.content {
+                delta.insert("content".into(), Value::String(t));
+            }
+            if let Some(t) = d.reasoning {
+                delta.insert("reasoning".into(), Value::String(t));
+            }
+            if !d.tool_calls.is_empty() {
+                let calls = serde_json::to_value(&d.tool_calls).unwrap_or(Value::Null);
+                delta.insert("tool_calls".into(), without_nulls(calls));
+            }
+            if delta.is_empty()
+                && choice.finish_reason.is_none()
+                && choice.logprobs.is_none()
+                && choice.token_ids.is_none()
+            {
+                return None;
+            }
+        } else {
+            // Without a parser vLLM sends `{"content": delta_text}` on every step, even "".
+            delta.insert(
+                "content".into(),
+                Value::String(d.content.unwrap_or_default()),
+            );
+        }
+        let mut ch = serde_json::Map::new();
+        ch.insert("index".into(), Value::from(choice.index));
+        ch.insert("delta".into(), Value::Object(delta));
+        ch.insert(
+            "logprobs".into(),
+            choice
+                .logprobs
+                .and_then(|l| serde_json::to_value(l).ok())
+                .unwrap_or(Value::Null),
+        );
+        let finished = choice.finish_reason.is_some();
+        ch.insert(
+            "finish_reason".into(),
+            choice.finish_reason.map_or(Value::Null, Value::String),
+        );
+        if finished {
+            ch.insert(
+                "stop_reason".into(),
+                choice
+                    .stop_reason
+                    .and_then(|r| serde_json::to_value(r).ok())
+                    .unwrap_or(Value::Null),
+            );
+        }
+        ch.insert(
+            "token_ids".into(),
+            choice
+                .token_ids
+                .map_or(Value::Null, |t| serde_json::json!(t)),
+        );
+        m.insert("choices".into(), Value::Array(vec![Value::Object(ch)]));
+        if let Some(u) = usage {
+            m.insert("usage".into(), u);
+        }
+        Some(Value::Object(m))
+    }
+}
+
+/// Streaming `/v1/completions`, one engine request per prompt, their chunks interleaved as
+/// they come with `index = prompt_i * n + choice` (vLLM's `merge_async_iterators`). Chunks
+/// are full dumps, as vLLM's are; the per-prompt usage chunks are summed into one final
+/// usage chunk without nulls.
+fn stream_completions(
+    engine: &Arc<ServingEngine>,
+    derenderer: &Arc<aphro_core::derenderer::Derenderer>,
+    req: &aphro_core::protocol::CompletionRequest,
+    rendered: Vec<GenerateRequest>,
+    id: String,
+    model: String,
+) -> Result<Response, ApiError> {
+    let created = super::unix_now() as i64;
+    let mut streams: Vec<EventStream> = Vec::with_capacity(rendered.len());
+    let mut states = Vec::with_capacity(rendered.len());
+    let mut prompt_lens = Vec::with_capacity(rendered.len());
+    let mut n = 1;
+    for (pi, r) in rendered.into_iter().enumerate() {
+        let prompt_ids = r.token_ids.clone();
+        prompt_lens.push(prompt_ids.len() as u64);
+        n = r.sampling_params.n.max(1) as usize;
+        let mut per_prompt = (0..n)
+            .map(|j| derenderer.completion_stream(Some(req), id.clone(), Some(&prompt_ids), j))
+            .collect::<Result<Vec<_>, _>>()?;
+        for s in &mut per_prompt {
+            s.set_prompt_tokens(Some(prompt_ids.len() as u64));
+        }
+        states.push(per_prompt);
+        streams.push(
+            engine
+                .generate(r, None)?
+                .into_events()
+                .map(move |item| (pi, item))
+                .boxed(),
+        );
+    }
+    let fan_in = CompletionFanIn {
+        merged: futures::stream::select_all(streams),
+        states,
+        prompt_lens,
+        n,
+        id,
+        created,
+        model,
+        usage: None,
+        done: false,
+    };
+    let chunks = futures::stream::unfold(fan_in, |mut f| async move {
+        loop {
+            if f.done {
+                return None;
+            }
+            match f.merged.next().await {
+                Some((pi, item)) => match f.push(pi, item) {
+                    Ok(None) => continue,
+                    Ok(Some(v)) => return Some((Ok(v), f)),
+                    Err(e) => {
+                        f.done = true;
+                        return Some((Err(e), f));
+                    }
+                },
+                None => {
+                    f.done = true;
+                    let (p, c) = f.usage?;
+                    let v = serde_json::json!({"id": f.id, "object": "text_completion",
+                        "created": f.created, "model": f.model, "choices": [],
+                        "usage": {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}});
+                    return Some((Ok(v), f));
+                }
+            }
+        }
+    });
+    Ok(sse_response(chunks))
+}
+
+type EventStream = futures::stream::BoxStream<
+    'static,
+    (
+        usize,
+        Result<
+            aphro_engine::serving::wire::GenerateStreamEvent,
+            aphro_engine::serving::ServingError,
+        >,
+    ),
+>;
+
+/// State of an interleaved multi-prompt completion stream.
+struct CompletionFanIn {
+    merged: futures::stream::SelectAll<EventStream>,
+    /// `states[prompt][choice]`.
+    states: Vec<Vec<CompletionDerenderStream>>,
+    prompt_lens: Vec<u64>,
+    n: usize,
+    id: String,
+    created: i64,
+    model: String,
+    /// Summed (prompt, completion) tokens of the per-prompt usage chunks seen.
+    usage: Option<(u64, u64)>,
+    done: bool,
+}
+
+impl CompletionFanIn {
+    fn push(
+        &mut self,
+        pi: usize,
+        item: Result<
+            aphro_engine::serving::wire::GenerateStreamEvent,
+            aphro_engine::serving::ServingError,
+        >,
+    ) -> Result<Option<Value>, ApiError> {
+        let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
+        let Some(j) = chunk.choices.first().map(|c| c.index) else {
+            // A prompt's usage-only chunk: summed into the final one.
+            let sum = self.usage.get_or_insert((0, 0));
+            sum.0 += self.prompt_lens.get(pi).copied().unwrap_or(0);
+            sum.1 += chunk
+                .usage
+                .as_ref()
+                .and_then(|u| u.completion_tokens)
+                .unwrap_or(0);
+            return Ok(None);
+        };
+        let st = self
+            .states
+            .get_mut(pi)
+            .and_then(|s| s.get_mut(j))
+            .ok_or_else(|| ApiError::internal("choice index out of range"))?;
+        let mut c = st.push(&chunk)?;
+        c.id.clone_from(&self.id);
+        c.created = self.created;
+        for ch in &mut c.choices {
+            ch.index = pi * self.n + j;
+        }
+        serde_json::to_value(c).map(Some).map_err(internal)
+    }
 }
 
 /// `POST /inference/v1/generate` with `output_mode: "derender"` (non-streaming only): the

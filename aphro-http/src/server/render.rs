@@ -17,19 +17,19 @@ use aphro_core::Renderer;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use axum::routing::post;
-use axum::Router;
 use serde_json::Value;
 use std::sync::Arc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/chat/completions/render", post(render_chat))
-        .route("/v1/completions/render", post(render_completion))
-        .route("/v1/chat/completions/derender", post(derender_chat))
-        .route("/v1/completions/derender", post(derender_completion))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(render_chat))
+        .routes(routes!(render_completion))
+        .routes(routes!(derender_chat))
+        .routes(routes!(derender_completion))
+        .routes(routes!(tokenize))
+        .routes(routes!(detokenize))
 }
 
 /// `X-Request-Id` replaces the body's `request_id` as the base id (§1.5).
@@ -49,6 +49,16 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, ApiError> {
     serde_json::to_value(v).map_err(|e| ApiError::internal(format!("serialization failed: {e}")))
 }
 
+/// Chat request -> one `GenerateRequest` (template applied, tokenized, sampling resolved).
+#[utoipa::path(post, path = "/v1/chat/completions/render", tag = "render",
+    request_body(content = Object, description = "An OpenAI `ChatCompletionRequest`."),
+    responses(
+    (status = 200, description = "A `GenerateRequest` for `/inference/v1/generate`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
+))]
 async fn render_chat(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -65,6 +75,16 @@ async fn render_chat(
     Ok(json_response(StatusCode::OK, &to_json(&out)?))
 }
 
+/// Completion request -> one `GenerateRequest` per prompt.
+#[utoipa::path(post, path = "/v1/completions/render", tag = "render",
+    request_body(content = Object, description = "An OpenAI `CompletionRequest`."),
+    responses(
+    (status = 200, description = "An array of `GenerateRequest`s.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
+))]
 async fn render_completion(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -81,6 +101,15 @@ async fn render_completion(
     Ok(json_response(StatusCode::OK, &to_json(&out)?))
 }
 
+/// Tokenize a prompt or a chat.
+#[utoipa::path(post, path = "/tokenize", tag = "utility",
+    request_body(content = Object, description = "`{prompt}` or `{messages}` (chat template applied)."),
+    responses(
+    (status = 200, description = "`{count, max_model_len, tokens, token_strs?}`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
+))]
 async fn tokenize(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<TokenizeRequest>,
@@ -92,6 +121,15 @@ async fn tokenize(
     Ok(json_response(StatusCode::OK, &to_json(&out)?))
 }
 
+/// Decode token ids to text.
+#[utoipa::path(post, path = "/detokenize", tag = "utility",
+    request_body(content = Object, description = "`{tokens: [int]}`."),
+    responses(
+    (status = 200, description = "`{prompt}`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
+))]
 async fn detokenize(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<DetokenizeRequest>,
@@ -120,6 +158,16 @@ where
         .map_err(|e| ApiError::internal(e.to_string()))??)
 }
 
+/// Generate output -> OpenAI chat response (or one stream chunk plus its state).
+#[utoipa::path(post, path = "/v1/chat/completions/derender", tag = "derender",
+    request_body(content = Object, description = "`DerenderChatRequest` (`stream: false`) or `DerenderChatStreamRequest` (`stream: true`)."),
+    responses(
+    (status = 200, description = "A `ChatCompletionResponse`, or `{chunk, stream_state}`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
+))]
 async fn derender_chat(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<Value>,
@@ -136,6 +184,16 @@ async fn derender_chat(
     Ok(json_response(StatusCode::OK, &out))
 }
 
+/// Generate output -> OpenAI completion response (or one stream chunk plus its state).
+#[utoipa::path(post, path = "/v1/completions/derender", tag = "derender",
+    request_body(content = Object, description = "`DerenderCompletionRequest` (`stream: false`) or its streaming form."),
+    responses(
+    (status = 200, description = "A `CompletionResponse`, or `{chunk, stream_state}`.", body = Object),
+    (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
+    (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
+))]
 async fn derender_completion(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<Value>,

@@ -100,15 +100,17 @@ mod tests {
             &json!({"messages": [], "response_format": {"type": "text"}, "logprob_token_ids": null})
         )
         .is_ok());
-        let e = check_openai(&json!({"response_format": {"type": "json_schema"}})).unwrap_err();
+        let e = check_openai(&json!({"response_format": {"type": "json_schema"}}))
+            .expect_err("must be refused");
         assert_eq!(
             (e.status.as_u16(), e.param.as_deref()),
             (400, Some("response_format"))
         );
-        let e = check_openai(&json!({"structured_outputs": {"json": {}}})).unwrap_err();
+        let e = check_openai(&json!({"structured_outputs": {"json": {}}}))
+            .expect_err("must be refused");
         assert_eq!(e.param.as_deref(), Some("structured_outputs"));
         let e = check_generate(&json!({"sampling_params": {"structured_outputs": {"regex": "a"}}}))
-            .unwrap_err();
+            .expect_err("must be refused");
         assert_eq!(e.kind, "BadRequestError");
         assert!(check_generate(&json!({"sampling_params": {"structured_outputs": null}})).is_ok());
     }

@@ -1,0 +1,87 @@
+//! `/openapi.json` and `/docs`.
+//!
+//! The document is not written by hand: every route is registered through
+//! `utoipa_axum::routes!`, which takes the method and path from the handler's
+//! `#[utoipa::path]` attribute and mounts the handler under exactly that method and path. The
+//! axum router and the OpenAPI document therefore come out of the same registration and
+//! cannot drift apart; each role's document lists only the routes that role mounts.
+//!
+//! Request and response bodies are OpenAI/vLLM wire objects whose full field lists live in
+//! the wire spec; here they are described as JSON objects, while the error envelope (the one
+//! shape every route shares) has a precise schema.
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::openapi::OpenApi;
+use utoipa::ToSchema;
+
+/// The vLLM variant of the OpenAI error object (wire spec §1.2).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorObject,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorObject {
+    pub message: String,
+    /// `BadRequestError`, `Bad Request` (structural validation), `NotFoundError`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    /// The HTTP status, as an integer.
+    pub code: u16,
+}
+
+/// `GET /version`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionResponse {
+    pub version: String,
+}
+
+/// The body of a 401: exactly `{"error": "Unauthorized"}` (§1.2).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnauthorizedResponse {
+    pub error: String,
+}
+
+/// Title, version and shared schemas on top of the collected paths.
+pub fn finish(mut doc: OpenApi) -> OpenApi {
+    doc.info = utoipa::openapi::InfoBuilder::new()
+        .title("aphro")
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(Some(
+            "vLLM-compatible render / generate / derender and OpenAI endpoints.",
+        ))
+        .build();
+    doc
+}
+
+/// Swagger UI, loaded by the reader's browser from a CDN as FastAPI's `/docs` is, so the
+/// server ships no UI assets and builds offline.
+pub const DOCS_HTML: &str = r##"<!DOCTYPE html>
+<html>
+<head>
+<meta charset="utf-8">
+<title>aphro - Swagger UI</title>
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css">
+</head>
+<body>
+<div id="swagger-ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>
+window.ui = SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui",
+  presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
+  layout: "BaseLayout", deepLinking: true});
+</script>
+</body>
+</html>
+"##;
+
+pub async fn docs() -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        DOCS_HTML,
+    )
+        .into_response()
+}
