@@ -649,18 +649,18 @@ mod x86 {
             // (every row holds at least nb blocks, asserted above).
             let x = _mm256_loadu_si256(a.qs.as_ptr().add(32 * i) as *const __m256i);
             let dx = *a.d.get_unchecked(i);
-            for r in 0..ROWS {
-                let b = ptrs[r].add(i * bytes);
-                let p = _mm256_cvtepi32_ps(block_idot::<K>(b, x));
+            for ((acc, summ), p) in acc.iter_mut().zip(summs.iter_mut()).zip(ptrs) {
+                let b = p.add(i * bytes);
+                let dot = _mm256_cvtepi32_ps(block_idot::<K>(b, x));
                 let (dw, m) = block_dm(b);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), p, acc[r]);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), dot, *acc);
                 if K == 2 {
-                    summs[r] += m * *a.s.get_unchecked(i);
+                    *summ += m * *a.s.get_unchecked(i);
                 }
             }
         }
-        for r in 0..ROWS {
-            out[r] = hsum(acc[r]) + summs[r];
+        for ((o, acc), summ) in out.iter_mut().zip(acc).zip(summs) {
+            *o = hsum(acc) + summ;
         }
     }
 
@@ -889,10 +889,10 @@ mod tests {
                     .collect();
                 let mut four = [0f32; 4];
                 vec_dot_rows(ty, [0, 1, 2, 3].map(|r| m.row(r)), a, &mut four);
-                for r in 0..4 {
+                for (r, &tiled) in four.iter().enumerate() {
                     let mut one = [0f32; 1];
                     vec_dot_rows(ty, [m.row(r)], a, &mut one);
-                    assert_eq!(one[0], four[r], "{ty:?} tile differs from single row");
+                    assert_eq!(one[0], tiled, "{ty:?} tile differs from single row");
                     let mag: f32 = want.iter().map(|v| v.abs()).sum();
                     assert!(
                         (one[0] - want[r]).abs() <= 1e-5 * (1.0 + mag),
