@@ -427,9 +427,8 @@ impl Q8Acts {
             d: vec![0.0; tokens * nb],
             s: vec![0.0; tokens * nb],
         };
-        let work = |((xr, qs), (d, s)): ((&[f32], &mut [i8]), (&mut [f32], &mut [f32]))| {
-            quantize_row_q8(xr, qs, d, s)
-        };
+        type Row<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [f32]));
+        let work = |((xr, qs), (d, s)): Row<'_>| quantize_row_q8(xr, qs, d, s);
         if tokens >= 8 {
             x.par_chunks(cols)
                 .zip(a.qs.par_chunks_mut(cols))
