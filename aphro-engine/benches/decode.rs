@@ -39,8 +39,9 @@ fn main() {
     let mut r = load_flex_runner(&ModelLoadConfig {
         model_path: path,
         dtype,
-        cache_bytes: 64 << 20,
+        cache_bytes: 128 << 20,
         block_size: block,
+        quiet: false,
     })
     .expect("model loads");
     eprintln!(
@@ -85,10 +86,44 @@ fn main() {
             .0 as u32;
     }
     let decode = t.elapsed().as_secs_f64();
+    // Batched decode: `batch` sequences (16-token prompts) stepping together.
+    let batch: usize = std::env::var("APHRO_BENCH_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let per_seq = (16 + decode_len).div_ceil(block);
+    let base = table.len();
+    let seq = |i: usize, toks: Vec<u32>, start: usize, want: LogitsWanted| SeqInput {
+        seq_id: i as u64 + 1,
+        token_ids: toks,
+        start_pos: start,
+        block_table: ((base + i * per_seq) as u32..(base + (i + 1) * per_seq) as u32).collect(),
+        logits: want,
+    };
+    let seqs: Vec<SeqInput> = (0..batch)
+        .map(|i| seq(i, prompt[i..i + 16].to_vec(), 0, LogitsWanted::Last))
+        .collect();
+    r.execute(&BatchInput { seqs }).expect("batched prefill");
+    let t = Instant::now();
+    for step in 0..decode_len {
+        let seqs: Vec<SeqInput> = (0..batch)
+            .map(|i| {
+                seq(
+                    i,
+                    vec![(100 + i + step) as u32],
+                    16 + step,
+                    LogitsWanted::Last,
+                )
+            })
+            .collect();
+        r.execute(&BatchInput { seqs }).expect("batched step");
+    }
+    let batched = t.elapsed().as_secs_f64();
     println!(
-        "{{\"dtype\": \"{dtype:?}\", \"prefill_tokens\": {prefill_len}, \"prefill_tok_s\": {:.1}, \"decode_tokens\": {decode_len}, \"decode_tok_s\": {:.1}}}",
+        "{{\"dtype\": \"{dtype:?}\", \"prefill_tokens\": {prefill_len}, \"prefill_tok_s\": {:.1}, \"decode_tokens\": {decode_len}, \"decode_tok_s\": {:.1}, \"batch\": {batch}, \"batch_decode_tok_s\": {:.1}}}",
         prefill_len as f64 / best_prefill,
-        decode_len as f64 / decode
+        decode_len as f64 / decode,
+        (batch * decode_len) as f64 / batched
     );
 }
 

@@ -80,6 +80,7 @@ fn runner(dtype: ModelDType) -> &'static Mutex<LlamaRunner<Flex>> {
             dtype,
             cache_bytes: 64 << 20,
             block_size: BLOCK,
+            quiet: true,
         };
         Mutex::new(load_flex_runner(&cfg).expect("model loads"))
     })

@@ -524,6 +524,7 @@ fn half_precision_weights_track_f32() {
             dtype,
             cache_bytes: 8 << 20,
             block_size: 16,
+            quiet: true,
         })
         .expect("loads");
         let batch = BatchInput {

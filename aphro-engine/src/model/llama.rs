@@ -121,6 +121,7 @@ pub enum WeightStorage {
 
 struct Loader<'a, B: Backend> {
     src: &'a dyn WeightSource,
+    bar: &'a indicatif::ProgressBar,
     keep_quant: bool,
     half: Option<QuantType>,
     device: &'a B::Device,
@@ -128,9 +129,12 @@ struct Loader<'a, B: Backend> {
 
 impl<B: EngineOps> Loader<'_, B> {
     fn host(&self, name: &str, keep_quant: bool) -> Result<HostTensor, ModelError> {
-        self.src
+        let t = self
+            .src
             .get(name, keep_quant)?
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        self.bar.inc(1);
+        Ok(t)
     }
 
     fn check(name: &str, got: &[usize], want: &[usize]) -> Result<(), ModelError> {
@@ -205,8 +209,23 @@ impl<B: EngineOps> Llama<B> {
         storage: WeightStorage,
         device: &B::Device,
     ) -> Result<Self, ModelError> {
+        Self::load_with_progress(cfg, src, storage, device, &indicatif::ProgressBar::hidden())
+    }
+
+    /// [`Self::load_with`], advancing `bar` by one per tensor loaded (its length is set to
+    /// the number of tensors expected).
+    pub fn load_with_progress(
+        cfg: LlamaConfig,
+        src: &dyn WeightSource,
+        storage: WeightStorage,
+        device: &B::Device,
+        bar: &indicatif::ProgressBar,
+    ) -> Result<Self, ModelError> {
+        let per_layer = 9 + 3 * cfg.qkv_bias as usize + 2 * cfg.qk_norm as usize;
+        bar.set_length((2 + cfg.num_layers * per_layer + !cfg.tie_word_embeddings as usize) as u64);
         let ld = Loader::<B> {
             src,
+            bar,
             keep_quant: storage == WeightStorage::KeepQuant,
             half: match storage {
                 WeightStorage::Half(ty) if ty.is_half() => Some(ty),
@@ -262,6 +281,8 @@ impl<B: EngineOps> Llama<B> {
         } else {
             ld.linear("lm_head.weight", cfg.vocab_size, dm)?
         };
+        bar.set_length(bar.position());
+        bar.finish();
         Ok(Self {
             inv_freq: cfg.inv_freq(),
             cfg,
@@ -277,27 +298,9 @@ impl<B: EngineOps> Llama<B> {
         &self.device
     }
 
-    fn rms_norm<const D: usize>(&self, x: Tensor<B, D>, w: &Tensor<B, 1>) -> Tensor<B, D> {
-        let var = x.clone().powi_scalar(2).mean_dim(D - 1);
-        let inv = var.add_scalar(self.cfg.rms_norm_eps).sqrt().recip();
-        x.mul(inv).mul(w.clone().unsqueeze())
-    }
-
-    /// HF `rotate_half` RoPE on `[tokens, heads * head_dim]`.
-    fn rope(
-        &self,
-        x: Tensor<B, 2>,
-        heads: usize,
-        cos: &Tensor<B, 3>,
-        sin: &Tensor<B, 3>,
-    ) -> Tensor<B, 2> {
-        let [t, _] = x.dims();
-        let d = self.cfg.head_dim;
-        let x = x.reshape([t, heads, d]);
-        let x1 = x.clone().slice([0..t, 0..heads, 0..d / 2]);
-        let x2 = x.clone().slice([0..t, 0..heads, d / 2..d]);
-        let rot = Tensor::cat(vec![x2.neg(), x1], 2);
-        (x.mul(cos.clone()) + rot.mul(sin.clone())).reshape([t, heads * d])
+    fn rms_norm(&self, x: Tensor<B, 2>, w: &Tensor<B, 1>) -> Tensor<B, 2> {
+        let w = w.clone().into_primitive().tensor();
+        wrap(B::rms_norm(unwrap(x), &w, self.cfg.rms_norm_eps))
     }
 
     /// Run one step. `k_cache`/`v_cache` hold one tensor per layer and are updated in place.
@@ -313,7 +316,7 @@ impl<B: EngineOps> Llama<B> {
         let t = plan.token_ids.len();
         let d = cfg.head_dim;
         let (h, kvh) = (cfg.num_heads, cfg.num_kv_heads);
-        // cos/sin per token: [t, 1, d] with HF's cat(freqs, freqs) layout.
+        // cos/sin per token: [t, d] with HF's cat(freqs, freqs) layout.
         let mut cos = Vec::with_capacity(t * d);
         let mut sin = Vec::with_capacity(t * d);
         for &p in plan.positions {
@@ -325,8 +328,6 @@ impl<B: EngineOps> Llama<B> {
                 }
             }
         }
-        let cos = Tensor::<B, 3>::from_data(TensorData::new(cos, [t, 1, d]), &self.device);
-        let sin = Tensor::<B, 3>::from_data(TensorData::new(sin, [t, 1, d]), &self.device);
         let shape = AttnShape {
             num_heads: h,
             num_kv_heads: kvh,
@@ -359,13 +360,13 @@ impl<B: EngineOps> Llama<B> {
                 v = v + b.clone().unsqueeze();
             }
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                q = self.rms_norm(q.reshape([t, h, d]), qn).reshape([t, h * d]);
+                q = self.rms_norm(q.reshape([t * h, d]), qn).reshape([t, h * d]);
                 k = self
-                    .rms_norm(k.reshape([t, kvh, d]), kn)
+                    .rms_norm(k.reshape([t * kvh, d]), kn)
                     .reshape([t, kvh * d]);
             }
-            let q = self.rope(q, h, &cos, &sin);
-            let k = self.rope(k, kvh, &cos, &sin);
+            let q: Tensor<B, 2> = wrap(B::rope(unwrap(q), h, &cos, &sin));
+            let k: Tensor<B, 2> = wrap(B::rope(unwrap(k), kvh, &cos, &sin));
             let kc = k_cache[l]
                 .take()
                 .ok_or_else(|| ModelError::Weights("KV cache missing".into()))?;
@@ -380,9 +381,9 @@ impl<B: EngineOps> Llama<B> {
             v_cache[l] = Some(vc);
             x = x + layer.o.forward(attn);
             let hn = self.rms_norm(x.clone(), &layer.ffn_norm);
-            let g = burn::tensor::activation::silu(layer.gate.forward(hn.clone()));
+            let g = layer.gate.forward(hn.clone());
             let u = layer.up.forward(hn);
-            x = x + layer.down.forward(g * u);
+            x = x + layer.down.forward(wrap(B::swiglu(unwrap(g), unwrap(u))));
             snap(&x, format!("layer.{l}"), &mut trace);
         }
         let x = self.rms_norm(x, &self.norm);

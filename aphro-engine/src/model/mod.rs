@@ -2,6 +2,7 @@
 //! pass generic over the backend, and a [`crate::runner::ModelRunner`] with paged K/V.
 
 pub mod config;
+pub mod cpu;
 pub mod llama;
 pub mod ops;
 pub mod quant;
@@ -75,6 +76,8 @@ pub struct ModelLoadConfig {
     pub cache_bytes: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// Hide the weight-loading progress bar (it is also hidden when stderr is not a TTY).
+    pub quiet: bool,
 }
 
 impl Default for ModelLoadConfig {
@@ -84,6 +87,7 @@ impl Default for ModelLoadConfig {
             dtype: ModelDType::Auto,
             cache_bytes: 256 << 20,
             block_size: 16,
+            quiet: false,
         }
     }
 }
@@ -131,7 +135,35 @@ pub fn load_model<B: EngineOps>(
     dtype: ModelDType,
     device: &B::Device,
 ) -> Result<Llama<B>, ModelError> {
+    load_model_with(path, dtype, false, device)
+}
+
+/// A progress bar on stderr for loading `path`, hidden if `quiet` or stderr is not a TTY.
+fn load_bar(path: &Path, quiet: bool) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if quiet || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let name = path.file_name().unwrap_or(path.as_os_str());
+    bar.set_message(format!("loading {}", name.to_string_lossy()));
+    bar
+}
+
+/// [`load_model`]; `quiet` hides the progress bar shown while the weights load.
+pub fn load_model_with<B: EngineOps>(
+    path: &Path,
+    dtype: ModelDType,
+    quiet: bool,
+    device: &B::Device,
+) -> Result<Llama<B>, ModelError> {
     let path = &resolve_model_path(path)?;
+    let bar = load_bar(path, quiet);
     let storage = match dtype {
         ModelDType::Auto => WeightStorage::KeepQuant,
         ModelDType::Float32 => WeightStorage::F32,
@@ -145,7 +177,7 @@ pub fn load_model<B: EngineOps>(
             .map_err(|e| ModelError::Config(format!("{}: {e}", cfg_path.display())))?;
         let cfg = LlamaConfig::from_hf_json(&json)?;
         let src = weights::SafetensorsWeights::open_dir(path)?;
-        return Llama::load_with(cfg, &src, storage, device);
+        return Llama::load_with_progress(cfg, &src, storage, device, &bar);
     }
     if path
         .extension()
@@ -155,7 +187,7 @@ pub fn load_model<B: EngineOps>(
         let file = GgufFile::open(path)?;
         let cfg = LlamaConfig::from_gguf(&file)?;
         let src = weights::GgufWeights::new(file, cfg.clone());
-        return Llama::load_with(cfg, &src, storage, device);
+        return Llama::load_with_progress(cfg, &src, storage, device, &bar);
     }
     Err(ModelError::UnknownFormat(path.to_path_buf()))
 }
@@ -167,7 +199,7 @@ pub fn load_runner(cfg: &ModelLoadConfig) -> Result<Box<dyn ModelRunner>, ModelE
 
 /// [`load_runner`] with the concrete type (for tracing / benchmarks).
 pub fn load_flex_runner(cfg: &ModelLoadConfig) -> Result<LlamaRunner<Flex>, ModelError> {
-    let model = load_model::<Flex>(&cfg.model_path, cfg.dtype, &FlexDevice)?;
+    let model = load_model_with::<Flex>(&cfg.model_path, cfg.dtype, cfg.quiet, &FlexDevice)?;
     LlamaRunner::new(model, cfg.cache_bytes, cfg.block_size)
 }
 
@@ -281,6 +313,7 @@ mod tests {
                 dtype: ModelDType::Float32,
                 cache_bytes: 1 << 20,
                 block_size: 4,
+                quiet: true,
             };
             let mut r = load_flex_runner(&cfg).expect("tiny model loads");
             assert_eq!(r.info().architecture, arch);

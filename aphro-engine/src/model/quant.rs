@@ -1,8 +1,10 @@
 //! Block-quantized weights (ggml layouts): exact dequantization and fused CPU matmul kernels.
 //!
 //! Dequantization reproduces ggml / gguf-py bit for bit (`d * q + m` in f32, no FMA), which
-//! is what the HF float32 reference used. The fused kernels multiply f32 activations by the
-//! quantized blocks directly, so decode reads 4.5–8.5 bits per weight instead of 32.
+//! is what the HF float32 reference used. The fused kernels work like llama.cpp's: the
+//! activations are quantized to 8 bits per 32-block once per matmul ([`Q8Acts`]) and
+//! multiplied with the weight quants in integer arithmetic, so decode reads 4.5–8.5 bits
+//! per weight and does no per-weight float work.
 
 use half::f16;
 use rayon::prelude::*;
@@ -178,44 +180,52 @@ impl QuantMatrix {
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         let cols = self.cols;
         debug_assert_eq!(x.len(), tokens * cols);
+        let acts = self
+            .ty
+            .has_fused_kernel()
+            .then(|| Q8Acts::quantize(x, tokens, cols));
         let mut out_t = vec![0f32; self.rows * tokens];
-        // Block sums of x are shared by every row (Q4_1's `m` term).
-        let block_sums: Vec<f32> = x.chunks(32).map(|c| c.iter().sum()).collect();
-        let rows_per_task = (self.rows / (rayon::current_num_threads() * 8)).clamp(1, 64);
+        let rows_per_task = (self.rows / (rayon::current_num_threads() * 8)).clamp(4, 64);
         out_t
             .par_chunks_mut(tokens * rows_per_task)
             .enumerate()
             .for_each(|(chunk, out)| {
                 let r0 = chunk * rows_per_task;
-                let mut buf = Vec::new();
+                let n = out.len() / tokens;
+                if let Some(acts) = &acts {
+                    // Four weight rows per pass share each activation block load; a task's
+                    // rows (a few KiB) stay in L1 across the batch's tokens.
+                    for t in 0..tokens {
+                        let a = acts.row(t);
+                        let mut i = 0;
+                        while i + 4 <= n {
+                            let rows = [0, 1, 2, 3].map(|k| self.row(r0 + i + k));
+                            let mut o = [0f32; 4];
+                            vec_dot_rows(self.ty, rows, a, &mut o);
+                            for (k, v) in o.into_iter().enumerate() {
+                                out[(i + k) * tokens + t] = v;
+                            }
+                            i += 4;
+                        }
+                        for i in i..n {
+                            let mut o = [0f32; 1];
+                            vec_dot_rows(self.ty, [self.row(r0 + i)], a, &mut o);
+                            out[i * tokens + t] = o[0];
+                        }
+                    }
+                    return;
+                }
+                let mut buf = vec![0f32; cols];
                 for (i, o) in out.chunks_mut(tokens).enumerate() {
-                    let row = self.row(r0 + i);
-                    if !self.ty.has_fused_kernel() {
-                        buf.resize(cols, 0.0);
-                        dequantize_into(self.ty, row, &mut buf);
-                        for (t, y) in o.iter_mut().enumerate() {
-                            *y = dot_f32(&buf, &x[t * cols..(t + 1) * cols]);
-                        }
-                    } else if tokens >= 4 {
-                        // Prefill: unpack the row's quants once, reuse them for every token.
-                        // `decoded_dot` does the same arithmetic in the same order as
-                        // `fused_dot`, so a row's result never depends on the batch size.
-                        buf.resize(cols, 0.0);
-                        unpack_quants(self.ty, row, &mut buf);
-                        for (t, y) in o.iter_mut().enumerate() {
-                            let xs = &x[t * cols..(t + 1) * cols];
-                            let bs = &block_sums[t * cols / 32..(t + 1) * cols / 32];
-                            *y = decoded_dot(self.ty, row, &buf, xs, bs);
-                        }
-                    } else {
-                        for (t, y) in o.iter_mut().enumerate() {
-                            let xs = &x[t * cols..(t + 1) * cols];
-                            let bs = &block_sums[t * cols / 32..(t + 1) * cols / 32];
-                            *y = fused_dot(self.ty, row, xs, bs);
-                        }
+                    dequantize_into(self.ty, self.row(r0 + i), &mut buf);
+                    for (t, y) in o.iter_mut().enumerate() {
+                        *y = dot_f32(&buf, &x[t * cols..(t + 1) * cols]);
                     }
                 }
             });
+        if tokens == 1 {
+            return out_t;
+        }
         transpose(&out_t, self.rows, tokens)
     }
 }
@@ -386,168 +396,138 @@ fn dot_f32_generic(a: &[f32], b: &[f32]) -> f32 {
     ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + tail
 }
 
-/// One row of quantized blocks against one activation row (`bsums`: per-32 sums of `x`).
-#[inline(always)]
-fn fused_dot_generic(ty: QuantType, row: &[u8], x: &[f32], bsums: &[f32]) -> f32 {
-    let mut total = [0f32; 8];
-    match ty {
-        QuantType::Q8_0 => {
-            for (b, xs) in row.chunks_exact(34).zip(x.chunks_exact(32)) {
-                let d = f16_at(b, 0);
-                let mut acc = [0f32; 8];
-                for k in 0..4 {
-                    for l in 0..8 {
-                        acc[l] += (b[2 + k * 8 + l] as i8) as f32 * xs[k * 8 + l];
-                    }
-                }
-                for l in 0..8 {
-                    total[l] += acc[l] * d;
-                }
-            }
-        }
-        QuantType::Q4_0 | QuantType::Q4_1 => {
-            let (bytes, qoff) = if ty == QuantType::Q4_0 {
-                (18, 2)
-            } else {
-                (20, 4)
-            };
-            for ((b, xs), &bs) in row.chunks_exact(bytes).zip(x.chunks_exact(32)).zip(bsums) {
-                let d = f16_at(b, 0);
-                let q = &b[qoff..qoff + 16];
-                let mut acc = [0f32; 8];
-                for k in 0..2 {
-                    for l in 0..8 {
-                        let v = q[k * 8 + l];
-                        acc[l] += (v & 0xF) as f32 * xs[k * 8 + l];
-                        acc[l] += (v >> 4) as f32 * xs[16 + k * 8 + l];
-                    }
-                }
-                // Q4_0: w = d (q - 8); Q4_1: w = d q + m.
-                let off = if ty == QuantType::Q4_0 {
-                    -8.0 * d * bs
-                } else {
-                    f16_at(b, 2) * bs
-                };
-                for l in 0..8 {
-                    total[l] += acc[l] * d;
-                }
-                total[0] += off;
-            }
-        }
-        QuantType::Q4K | QuantType::Q6K | QuantType::F16 | QuantType::BF16 => {
-            let (block, _) = ty.block_layout();
-            let mut buf = vec![0f32; block];
-            let (_, bytes) = ty.block_layout();
-            let mut s = 0f32;
-            for (b, xs) in row.chunks_exact(bytes).zip(x.chunks_exact(block)) {
-                dequantize_into(ty, b, &mut buf);
-                s += dot_f32_generic(&buf, xs);
-            }
-            total[0] += s;
-        }
-    }
-    ((total[0] + total[4]) + (total[1] + total[5]))
-        + ((total[2] + total[6]) + (total[3] + total[7]))
+/// Activations quantized to 8 bits per 32-block, once per matmul input (ggml's `Q8_0` /
+/// `Q8_1`): `x ≈ d * q`, and `s = d * sum(q)` for the `m` term of Q4_1. The integer dot of
+/// weight quants and activation quants is exact, so only the per-block scaling is float.
+#[derive(Debug, Clone, Default)]
+pub struct Q8Acts {
+    cols: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
 }
 
-/// The raw quants of 32-blocks as f32 (`i8` for Q8_0, `0..16` nibbles for Q4_0/Q4_1), in
-/// element order; scales stay in the row bytes.
-fn unpack_quants(ty: QuantType, row: &[u8], out: &mut [f32]) {
+/// One token's row of [`Q8Acts`].
+#[derive(Debug, Clone, Copy)]
+pub struct Q8Row<'a> {
+    pub qs: &'a [i8],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+}
+
+impl Q8Acts {
+    /// Quantize `x: [tokens, cols]` (`cols` a multiple of 32).
+    pub fn quantize(x: &[f32], tokens: usize, cols: usize) -> Self {
+        debug_assert_eq!(x.len(), tokens * cols);
+        debug_assert_eq!(cols % 32, 0);
+        let nb = cols / 32;
+        let mut a = Self {
+            cols,
+            qs: vec![0; tokens * cols],
+            d: vec![0.0; tokens * nb],
+            s: vec![0.0; tokens * nb],
+        };
+        type Row<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [f32]));
+        let work = |((xr, qs), (d, s)): Row<'_>| quantize_row_q8(xr, qs, d, s);
+        if tokens >= 8 {
+            x.par_chunks(cols)
+                .zip(a.qs.par_chunks_mut(cols))
+                .zip(a.d.par_chunks_mut(nb).zip(a.s.par_chunks_mut(nb)))
+                .for_each(work);
+        } else {
+            x.chunks(cols)
+                .zip(a.qs.chunks_mut(cols))
+                .zip(a.d.chunks_mut(nb).zip(a.s.chunks_mut(nb)))
+                .for_each(work);
+        }
+        a
+    }
+
+    pub fn row(&self, t: usize) -> Q8Row<'_> {
+        let nb = self.cols / 32;
+        Q8Row {
+            qs: &self.qs[t * self.cols..(t + 1) * self.cols],
+            d: &self.d[t * nb..(t + 1) * nb],
+            s: &self.s[t * nb..(t + 1) * nb],
+        }
+    }
+}
+
+/// ggml's x86 `quantize_row_q8_1`: `d = amax / 127` (stored as f16), `q = round(x * 127 /
+/// amax)` to nearest even, `s = d * sum(q)` (f16). Same values as llama.cpp's activations.
+fn quantize_row_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (((xb, qb), d), s) in x
+        .chunks_exact(32)
+        .zip(qs.chunks_exact_mut(32))
+        .zip(d.iter_mut())
+        .zip(s.iter_mut())
+    {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let dd = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            // Round to nearest even, as `roundeven` but vectorizable: |v * id| <= 127, far
+            // below 2^22, where adding 1.5 * 2^23 leaves exactly the rounded integer.
+            const MAGIC: f32 = 12_582_912.0;
+            let r = ((v * id + MAGIC) - MAGIC) as i32;
+            *q = r as i8;
+            sum += r;
+        }
+        *d = f16::from_f32(dd).to_f32();
+        *s = f16::from_f32(dd * sum as f32).to_f32();
+    }
+}
+
+/// One row of weight blocks against one quantized activation row (scalar reference of
+/// the AVX2 kernel: exact integer dots, then `d_w * d_x * dot (+ m * s)` per block).
+fn vec_dot_q8_generic(ty: QuantType, row: &[u8], a: Q8Row<'_>) -> f32 {
+    let mut sum = 0f32;
     match ty {
         QuantType::Q8_0 => {
-            for (b, o) in row.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-                for j in 0..32 {
-                    o[j] = (b[2 + j] as i8) as f32;
-                }
+            for ((b, q), &d) in row.chunks_exact(34).zip(a.qs.chunks_exact(32)).zip(a.d) {
+                let dot: i32 = (0..32).map(|j| (b[2 + j] as i8) as i32 * q[j] as i32).sum();
+                sum += f16_at(b, 0) * d * dot as f32;
             }
         }
-        QuantType::Q4_0 | QuantType::Q4_1 => {
-            let (bytes, qoff) = if ty == QuantType::Q4_0 {
-                (18, 2)
-            } else {
-                (20, 4)
-            };
-            for (b, o) in row.chunks_exact(bytes).zip(out.chunks_exact_mut(32)) {
-                for j in 0..16 {
-                    o[j] = (b[qoff + j] & 0xF) as f32;
-                    o[j + 16] = (b[qoff + j] >> 4) as f32;
-                }
+        QuantType::Q4_0 => {
+            for ((b, q), &d) in row.chunks_exact(18).zip(a.qs.chunks_exact(32)).zip(a.d) {
+                let dot: i32 = (0..16)
+                    .map(|j| {
+                        ((b[2 + j] & 0xF) as i32 - 8) * q[j] as i32
+                            + ((b[2 + j] >> 4) as i32 - 8) * q[j + 16] as i32
+                    })
+                    .sum();
+                sum += f16_at(b, 0) * d * dot as f32;
+            }
+        }
+        QuantType::Q4_1 => {
+            for (((b, q), &d), &s) in row
+                .chunks_exact(20)
+                .zip(a.qs.chunks_exact(32))
+                .zip(a.d)
+                .zip(a.s)
+            {
+                let dot: i32 = (0..16)
+                    .map(|j| {
+                        (b[4 + j] & 0xF) as i32 * q[j] as i32
+                            + (b[4 + j] >> 4) as i32 * q[j + 16] as i32
+                    })
+                    .sum();
+                sum += f16_at(b, 0) * d * dot as f32 + f16_at(b, 2) * s;
             }
         }
         QuantType::Q4K | QuantType::Q6K | QuantType::F16 | QuantType::BF16 => {}
     }
+    sum
 }
 
-/// [`fused_dot_generic`] on quants already unpacked by [`unpack_quants`] (bit-identical).
-#[inline(always)]
-fn decoded_dot_generic(ty: QuantType, row: &[u8], qf: &[f32], x: &[f32], bsums: &[f32]) -> f32 {
-    let mut total = [0f32; 8];
-    match ty {
-        QuantType::Q8_0 => {
-            for ((b, q), xs) in row
-                .chunks_exact(34)
-                .zip(qf.chunks_exact(32))
-                .zip(x.chunks_exact(32))
-            {
-                let d = f16_at(b, 0);
-                let mut acc = [0f32; 8];
-                for k in 0..4 {
-                    for l in 0..8 {
-                        acc[l] += q[k * 8 + l] * xs[k * 8 + l];
-                    }
-                }
-                for l in 0..8 {
-                    total[l] += acc[l] * d;
-                }
-            }
-        }
-        QuantType::Q4_0 | QuantType::Q4_1 => {
-            let bytes = if ty == QuantType::Q4_0 { 18 } else { 20 };
-            for (((b, q), xs), &bs) in row
-                .chunks_exact(bytes)
-                .zip(qf.chunks_exact(32))
-                .zip(x.chunks_exact(32))
-                .zip(bsums)
-            {
-                let d = f16_at(b, 0);
-                let mut acc = [0f32; 8];
-                for k in 0..2 {
-                    for l in 0..8 {
-                        acc[l] += q[k * 8 + l] * xs[k * 8 + l];
-                        acc[l] += q[16 + k * 8 + l] * xs[16 + k * 8 + l];
-                    }
-                }
-                let off = if ty == QuantType::Q4_0 {
-                    -8.0 * d * bs
-                } else {
-                    f16_at(b, 2) * bs
-                };
-                for l in 0..8 {
-                    total[l] += acc[l] * d;
-                }
-                total[0] += off;
-            }
-        }
-        QuantType::Q4K | QuantType::Q6K | QuantType::F16 | QuantType::BF16 => {}
-    }
-    ((total[0] + total[4]) + (total[1] + total[5]))
-        + ((total[2] + total[6]) + (total[3] + total[7]))
-}
-
-/// AVX2+FMA kernels. `fused_dot` and `decoded_dot` run the same FMA chain on the same
-/// quant values, so prefill (decoded) and decode (fused) give bit-identical rows.
+/// AVX2+FMA kernels: f32 dot, half widening, and the integer weight × Q8-activation dot.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     #![allow(unsafe_code)]
     use super::QuantType;
     use std::arch::x86_64::*;
-
-    /// f16 → f32 with the F16C instruction (the `half` crate re-detects it per call).
-    #[inline(always)]
-    unsafe fn f16_at(b: &[u8], i: usize) -> f32 {
-        let bits = u16::from_le_bytes([b[i], b[i + 1]]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
 
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
@@ -611,104 +591,97 @@ mod x86 {
         total
     }
 
-    /// 32 quants of one block as four 8-lane f32 vectors (element order).
+    /// Eight i32 partial sums of `w · x` for one 32-block (exact). `K`: 0 = Q8_0, 1 = Q4_0,
+    /// 2 = Q4_1; `b` points at the block.
     #[inline(always)]
-    unsafe fn unpack_block(ty: QuantType, b: &[u8]) -> [__m256; 4] {
+    unsafe fn block_idot<const K: u8>(b: *const u8, x: __m256i) -> __m256i {
+        let w = if K == 0 {
+            _mm256_loadu_si256(b.add(2) as *const __m256i)
+        } else {
+            let q = _mm_loadu_si128(b.add(if K == 1 { 2 } else { 4 }) as *const __m128i);
+            // Low nibbles are elements 0..16, high nibbles 16..32.
+            let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+            let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+            if K == 1 {
+                _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+            } else {
+                nib
+            }
+        };
+        let p16 = if K == 2 {
+            // Unsigned nibbles times signed activations: maddubs directly.
+            _mm256_maddubs_epi16(w, x)
+        } else {
+            // Signed × signed: move the sign of w onto x (ggml's trick).
+            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+        };
+        _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+    }
+
+    /// The block's f16 scale (and, for Q4_1, its f16 `m`) as f32.
+    #[inline(always)]
+    unsafe fn block_dm(b: *const u8) -> (f32, f32) {
+        let bits = std::ptr::read_unaligned(b as *const u32);
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
+
+    #[inline(always)]
+    unsafe fn dot_rows<const ROWS: usize, const K: u8>(
+        rows: [&[u8]; ROWS],
+        a: super::Q8Row<'_>,
+        out: &mut [f32; ROWS],
+    ) {
+        let bytes = [34usize, 18, 20][K as usize];
+        let nb = a.d.len().min(a.s.len()).min(a.qs.len() / 32);
+        for r in rows.iter() {
+            assert!(
+                r.len() >= nb * bytes,
+                "weight row shorter than the activations"
+            );
+        }
+        let ptrs = rows.map(|r| r.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut summs = [0f32; ROWS];
+        for i in 0..nb {
+            // SAFETY: i < nb bounds the 32-byte activation load and each row's block
+            // (every row holds at least nb blocks, asserted above).
+            let x = _mm256_loadu_si256(a.qs.as_ptr().add(32 * i) as *const __m256i);
+            let dx = *a.d.get_unchecked(i);
+            for ((acc, summ), p) in acc.iter_mut().zip(summs.iter_mut()).zip(ptrs) {
+                let b = p.add(i * bytes);
+                let dot = _mm256_cvtepi32_ps(block_idot::<K>(b, x));
+                let (dw, m) = block_dm(b);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), dot, *acc);
+                if K == 2 {
+                    *summ += m * *a.s.get_unchecked(i);
+                }
+            }
+        }
+        for ((o, acc), summ) in out.iter_mut().zip(acc).zip(summs) {
+            *o = hsum(acc) + summ;
+        }
+    }
+
+    /// `ROWS` weight rows against one activation row: each loaded activation block is used
+    /// `ROWS` times. Every row's arithmetic is identical to the single-row case.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn vec_dot_q8<const ROWS: usize>(
+        ty: QuantType,
+        rows: [&[u8]; ROWS],
+        a: super::Q8Row<'_>,
+        out: &mut [f32; ROWS],
+    ) {
         match ty {
-            QuantType::Q8_0 => {
-                let p = b.as_ptr().add(2);
-                let mut out = [_mm256_setzero_ps(); 4];
-                for (k, o) in out.iter_mut().enumerate() {
-                    let v = _mm_loadl_epi64(p.add(8 * k) as *const __m128i);
-                    *o = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-                }
-                out
-            }
+            QuantType::Q8_0 => dot_rows::<ROWS, 0>(rows, a, out),
+            QuantType::Q4_0 => dot_rows::<ROWS, 1>(rows, a, out),
+            QuantType::Q4_1 => dot_rows::<ROWS, 2>(rows, a, out),
             _ => {
-                let off = if ty == QuantType::Q4_0 { 2 } else { 4 };
-                let q = _mm_loadu_si128(b.as_ptr().add(off) as *const __m128i);
-                let mask = _mm_set1_epi8(0x0F);
-                let lo = _mm_and_si128(q, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-                let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                [
-                    cvt(lo),
-                    cvt(_mm_srli_si128(lo, 8)),
-                    cvt(hi),
-                    cvt(_mm_srli_si128(hi, 8)),
-                ]
-            }
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn block_dot(q: [__m256; 4], xs: *const f32) -> __m256 {
-        let mut acc = _mm256_mul_ps(q[0], _mm256_loadu_ps(xs));
-        acc = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xs.add(8)), acc);
-        acc = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xs.add(16)), acc);
-        _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xs.add(24)), acc)
-    }
-
-    /// Shared tail of both kernels: scale each block's dot and add its offset term.
-    #[inline(always)]
-    unsafe fn finish(
-        ty: QuantType,
-        row: &[u8],
-        x: &[f32],
-        bsums: &[f32],
-        qf: Option<&[f32]>,
-    ) -> f32 {
-        let (_, bytes) = ty.block_layout();
-        let mut total = _mm256_setzero_ps();
-        let mut off = 0f32;
-        for (i, b) in row.chunks_exact(bytes).enumerate() {
-            if (i + 1) * 32 > x.len() {
-                break;
-            }
-            let d = f16_at(b, 0);
-            let q = match qf {
-                // Quants unpacked once per row by `unpack_quants` (prefill).
-                Some(qf) if qf.len() >= (i + 1) * 32 => {
-                    let p = qf.as_ptr().add(i * 32);
-                    [
-                        _mm256_loadu_ps(p),
-                        _mm256_loadu_ps(p.add(8)),
-                        _mm256_loadu_ps(p.add(16)),
-                        _mm256_loadu_ps(p.add(24)),
-                    ]
+                for (o, row) in out.iter_mut().zip(rows) {
+                    *o = super::vec_dot_q8_generic(ty, row, a);
                 }
-                Some(_) => break,
-                None => unpack_block(ty, b),
-            };
-            let acc = block_dot(q, x.as_ptr().add(i * 32));
-            total = _mm256_fmadd_ps(acc, _mm256_set1_ps(d), total);
-            let bs = bsums.get(i).copied().unwrap_or(0.0);
-            off += match ty {
-                QuantType::Q4_0 => -8.0 * d * bs,
-                QuantType::Q4_1 => f16_at(b, 2) * bs,
-                _ => 0.0,
-            };
+            }
         }
-        hsum(total) + off
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn fused_dot(ty: QuantType, row: &[u8], x: &[f32], bs: &[f32]) -> f32 {
-        if !ty.has_fused_kernel() {
-            return super::fused_dot_generic(ty, row, x, bs);
-        }
-        finish(ty, row, x, bs, None)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn decoded_dot(
-        ty: QuantType,
-        row: &[u8],
-        qf: &[f32],
-        x: &[f32],
-        bs: &[f32],
-    ) -> f32 {
-        finish(ty, row, x, bs, Some(qf))
     }
 }
 
@@ -734,23 +707,17 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[allow(unsafe_code)]
-fn fused_dot(ty: QuantType, row: &[u8], x: &[f32], bs: &[f32]) -> f32 {
+fn vec_dot_rows<const R: usize>(ty: QuantType, rows: [&[u8]; R], a: Q8Row<'_>, out: &mut [f32; R]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
-        return unsafe { x86::fused_dot(ty, row, x, bs) };
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above); the
+        // kernel checks that every row covers the activation row.
+        unsafe { x86::vec_dot_q8::<R>(ty, rows, a, out) };
+        return;
     }
-    fused_dot_generic(ty, row, x, bs)
-}
-
-#[allow(unsafe_code)]
-fn decoded_dot(ty: QuantType, row: &[u8], qf: &[f32], x: &[f32], bs: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above).
-        return unsafe { x86::decoded_dot(ty, row, qf, x, bs) };
+    for (o, row) in out.iter_mut().zip(rows) {
+        *o = vec_dot_q8_generic(ty, row, a);
     }
-    decoded_dot_generic(ty, row, qf, x, bs)
 }
 
 #[cfg(test)]
@@ -810,9 +777,43 @@ mod tests {
         assert!(QuantMatrix::new(QuantType::Q8_0, 2, 32, vec![0; 67]).is_err());
     }
 
-    /// The fused kernels must equal the dequantize-then-multiply reference.
+    fn random_x(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| (lcg(seed) % 2000) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// `y[t, r]` from the dequantized weights and the dequantized Q8 activations in f64,
+    /// with Q4_1's offset through the stored `s` (what the integer kernels compute).
+    fn q8_reference(m: &QuantMatrix, acts: &Q8Acts, t: usize, r: usize) -> (f64, f64) {
+        let a = acts.row(t);
+        let (_, bytes) = m.ty.block_layout();
+        let mut w = vec![0f32; m.cols];
+        m.dequantize_row(r, &mut w);
+        let (mut sum, mut mag) = (0f64, 0f64);
+        for (i, b) in m.row(r).chunks_exact(bytes).enumerate() {
+            for j in 0..32 {
+                let wq = if m.ty == QuantType::Q4_1 {
+                    (w[i * 32 + j] - f16_at(b, 2)) as f64
+                } else {
+                    w[i * 32 + j] as f64
+                };
+                let v = wq * a.qs[i * 32 + j] as f64 * a.d[i] as f64;
+                sum += v;
+                mag += v.abs();
+            }
+            if m.ty == QuantType::Q4_1 {
+                sum += f16_at(b, 2) as f64 * a.s[i] as f64;
+                mag += (f16_at(b, 2) as f64 * a.s[i] as f64).abs();
+            }
+        }
+        (sum, mag)
+    }
+
+    /// The kernels equal the reference arithmetic on shapes with odd row counts, short
+    /// rows and rows that are not a multiple of the 4-row tile.
     #[test]
-    fn fused_matmul_matches_dequantized() {
+    fn fused_matmul_matches_reference() {
         let mut seed = 7u64;
         for ty in [
             QuantType::Q8_0,
@@ -821,37 +822,127 @@ mod tests {
             QuantType::Q4K,
             QuantType::Q6K,
         ] {
-            let (rows, cols) = (37, 512);
-            let m = random_matrix(ty, rows, cols, &mut seed);
-            let w = m.dequantize();
-            for tokens in [1, 3, 5] {
-                let x: Vec<f32> = (0..tokens * cols)
-                    .map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0)
-                    .collect();
-                let got = m.matmul(&x, tokens);
-                for t in 0..tokens {
-                    for r in 0..rows {
-                        let want: f64 = (0..cols)
-                            .map(|c| w[r * cols + c] as f64 * x[t * cols + c] as f64)
-                            .sum();
-                        let g = got[t * rows + r] as f64;
-                        assert!(
-                            (g - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                            "{ty:?} t={t} r={r}: {g} vs {want}"
-                        );
+            let shapes: &[(usize, usize)] = if ty.has_fused_kernel() {
+                &[(37, 512), (5, 32), (130, 96), (3, 544)]
+            } else {
+                &[(37, 512), (9, 256)]
+            };
+            for &(rows, cols) in shapes {
+                let m = random_matrix(ty, rows, cols, &mut seed);
+                let w = m.dequantize();
+                for tokens in [1, 3, 5, 9] {
+                    let x = random_x(tokens * cols, &mut seed);
+                    let got = m.matmul(&x, tokens);
+                    let acts = Q8Acts::quantize(&x, tokens, cols);
+                    for t in 0..tokens {
+                        for r in 0..rows {
+                            let g = got[t * rows + r] as f64;
+                            // Exact weights times exact activations: the Q8 rounding of
+                            // the activations bounds the error (about 1/254 of each term).
+                            let (exact, mag): (f64, f64) = (0..cols)
+                                .map(|c| w[r * cols + c] as f64 * x[t * cols + c] as f64)
+                                .fold((0.0, 0.0), |(s, m), v| (s + v, m + v.abs()));
+                            if ty.has_fused_kernel() {
+                                let (want, qmag) = q8_reference(&m, &acts, t, r);
+                                assert!(
+                                    (g - want).abs() <= 1e-5 * (1.0 + qmag),
+                                    "{ty:?} {rows}x{cols} t={t} r={r}: {g} vs {want}"
+                                );
+                                assert!(
+                                    (g - exact).abs() <= 1e-2 * (1.0 + mag),
+                                    "{ty:?} {rows}x{cols} t={t} r={r}: {g} vs exact {exact}"
+                                );
+                            } else {
+                                assert!(
+                                    (g - exact).abs() <= 1e-4 * (1.0 + exact.abs()),
+                                    "{ty:?} t={t} r={r}: {g} vs {exact}"
+                                );
+                            }
+                        }
                     }
+                    // A row's result must not depend on how many tokens share the call.
+                    let single = m.matmul(&x[(tokens - 1) * cols..], 1);
+                    assert_eq!(
+                        &got[(tokens - 1) * rows..],
+                        &single[..],
+                        "{ty:?} batch-variant"
+                    );
                 }
-                // A row's result must not depend on how many tokens share the call.
-                let single = m.matmul(&x[(tokens - 1) * cols..], 1);
-                assert_eq!(
-                    &got[(tokens - 1) * rows..],
-                    &single[..],
-                    "{ty:?} batch-variant"
-                );
-                let dense = dense_matmul(&w, rows, cols, &x, tokens);
-                for (a, b) in dense.iter().zip(&got) {
-                    assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()));
+            }
+        }
+    }
+
+    /// The SIMD dot (whatever this CPU dispatches to) agrees with the scalar reference,
+    /// for single rows and 4-row tiles.
+    #[test]
+    fn simd_dot_matches_scalar() {
+        let mut seed = 19u64;
+        for ty in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
+            for cols in [32, 64, 288, 576] {
+                let m = random_matrix(ty, 4, cols, &mut seed);
+                let x = random_x(cols, &mut seed);
+                let acts = Q8Acts::quantize(&x, 1, cols);
+                let a = acts.row(0);
+                let want: Vec<f32> = (0..4)
+                    .map(|r| vec_dot_q8_generic(ty, m.row(r), a))
+                    .collect();
+                let mut four = [0f32; 4];
+                vec_dot_rows(ty, [0, 1, 2, 3].map(|r| m.row(r)), a, &mut four);
+                for (r, &tiled) in four.iter().enumerate() {
+                    let mut one = [0f32; 1];
+                    vec_dot_rows(ty, [m.row(r)], a, &mut one);
+                    assert_eq!(one[0], tiled, "{ty:?} tile differs from single row");
+                    let mag: f32 = want.iter().map(|v| v.abs()).sum();
+                    assert!(
+                        (one[0] - want[r]).abs() <= 1e-5 * (1.0 + mag),
+                        "{ty:?} cols={cols} r={r}: {} vs {}",
+                        one[0],
+                        want[r]
+                    );
                 }
+            }
+        }
+    }
+
+    /// Q8 activations reconstruct the input within half a step, and `s = d * sum(q)`.
+    #[test]
+    fn q8_activations_round_trip() {
+        let mut seed = 23u64;
+        let mut x = random_x(3 * 96, &mut seed);
+        x[32..64].iter_mut().for_each(|v| *v = 0.0);
+        let acts = Q8Acts::quantize(&x, 3, 96);
+        for t in 0..3 {
+            let a = acts.row(t);
+            for i in 0..3 {
+                let d = a.d[i];
+                let sum: i32 = a.qs[i * 32..(i + 1) * 32].iter().map(|&q| q as i32).sum();
+                assert!((a.s[i] - d * sum as f32).abs() <= 1e-3 * (1.0 + a.s[i].abs()));
+                for j in 0..32 {
+                    let v = x[t * 96 + i * 32 + j];
+                    let q = a.qs[i * 32 + j] as f32;
+                    assert!(
+                        (v - d * q).abs() <= 0.5 * d + 1e-3 * v.abs() + 1e-7,
+                        "{v} vs {q}*{d}"
+                    );
+                }
+            }
+        }
+        assert!(acts.row(0).qs[32..64].iter().all(|&q| q == 0));
+    }
+
+    #[test]
+    fn dense_matmul_matches_f64() {
+        let mut seed = 5u64;
+        let (rows, cols, tokens) = (13, 70, 3);
+        let w = random_x(rows * cols, &mut seed);
+        let x = random_x(tokens * cols, &mut seed);
+        let got = dense_matmul(&w, rows, cols, &x, tokens);
+        for t in 0..tokens {
+            for r in 0..rows {
+                let want: f64 = (0..cols)
+                    .map(|c| w[r * cols + c] as f64 * x[t * cols + c] as f64)
+                    .sum();
+                assert!((got[t * rows + r] as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()));
             }
         }
     }

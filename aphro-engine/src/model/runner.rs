@@ -167,9 +167,10 @@ impl<B: EngineOps> LlamaRunner<B> {
             seqs: &seqs,
             logit_rows: &logit_rows,
         };
-        let logits = self
-            .model
-            .forward(&plan, &mut self.k_cache, &mut self.v_cache, bs, trace)
+        let (model, kc, vc) = (&self.model, &mut self.k_cache, &mut self.v_cache);
+        // Run the whole step on a pool worker: each op's parallel loop then forks from inside
+        // the pool instead of waking it from outside and blocking (hundreds of times a step).
+        let logits = rayon::scope(|_| model.forward(&plan, kc, vc, bs, trace))
             .map_err(|e| RunnerError::Backend(e.to_string()))?;
         let vocab = self.info.vocab_size;
         let mut out = Vec::with_capacity(batch.seqs.len());

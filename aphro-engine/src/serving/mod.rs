@@ -210,6 +210,7 @@ impl ServingEngine {
             dtype: cfg.dtype,
             cache_bytes: cfg.kv_cache_memory,
             block_size: cfg.block_size,
+            quiet: false,
         })
         .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))?;
         // The tokenizer side: required for text mode; a tokens-only server still reads
