@@ -41,6 +41,7 @@ fn main() {
         dtype,
         cache_bytes: 64 << 20,
         block_size: block,
+        device: aphro_engine::backend::Device::Cpu,
     })
     .expect("model loads");
     eprintln!(

@@ -16,9 +16,9 @@ use burn::backend::flex::{Flex, FlexDevice};
 pub use config::LlamaConfig;
 pub use llama::{Llama, WeightStorage};
 pub use ops::EngineOps;
-use quant::QuantType;
 pub use runner::LlamaRunner;
 
+use crate::backend::Device;
 use crate::runner::ModelRunner;
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,8 @@ pub enum ModelError {
     },
     #[error("{0} is neither a .gguf file nor a directory with config.json + safetensors")]
     UnknownFormat(PathBuf),
+    #[error(transparent)]
+    Device(#[from] crate::backend::DeviceError),
 }
 
 /// Weight/compute precision requested by the user (`--dtype`).
@@ -75,6 +77,8 @@ pub struct ModelLoadConfig {
     pub cache_bytes: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// Where the model runs (see [`crate::backend`]).
+    pub device: Device,
 }
 
 impl Default for ModelLoadConfig {
@@ -84,6 +88,7 @@ impl Default for ModelLoadConfig {
             dtype: ModelDType::Auto,
             cache_bytes: 256 << 20,
             block_size: 16,
+            device: Device::Auto,
         }
     }
 }
@@ -132,12 +137,7 @@ pub fn load_model<B: EngineOps>(
     device: &B::Device,
 ) -> Result<Llama<B>, ModelError> {
     let path = &resolve_model_path(path)?;
-    let storage = match dtype {
-        ModelDType::Auto => WeightStorage::KeepQuant,
-        ModelDType::Float32 => WeightStorage::F32,
-        ModelDType::Float16 => WeightStorage::Half(QuantType::F16),
-        ModelDType::BFloat16 => WeightStorage::Half(QuantType::BF16),
-    };
+    let storage = B::weight_storage(dtype);
     if path.is_dir() {
         let cfg_path = path.join("config.json");
         let raw = std::fs::read(&cfg_path).map_err(|e| ModelError::Io(cfg_path.clone(), e))?;
@@ -160,9 +160,32 @@ pub fn load_model<B: EngineOps>(
     Err(ModelError::UnknownFormat(path.to_path_buf()))
 }
 
-/// Load a runner on the default CPU backend (`Flex`).
+/// Load a runner on `cfg.device` (`auto`: CUDA when compiled in and usable, else the CPU).
 pub fn load_runner(cfg: &ModelLoadConfig) -> Result<Box<dyn ModelRunner>, ModelError> {
-    Ok(Box::new(load_flex_runner(cfg)?))
+    match crate::backend::resolve(cfg.device)? {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(i) => {
+            use crate::backend::cuda::{device, CudaBackend};
+            Ok(Box::new(load_runner_on::<CudaBackend>(cfg, &device(i))?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(crate::backend::DeviceError::CudaNotCompiled.into()),
+        Device::Cpu | Device::Auto => Ok(Box::new(load_flex_runner(cfg)?)),
+    }
+}
+
+/// Load a runner on any backend with the engine's ops (`cfg.device` is not consulted).
+pub fn load_runner_on<B: EngineOps>(
+    cfg: &ModelLoadConfig,
+    device: &B::Device,
+) -> Result<LlamaRunner<B>, ModelError> {
+    let model = load_model::<B>(&cfg.model_path, cfg.dtype, device)?;
+    // 16-bit device weights come with a 16-bit KV pool (twice the blocks per byte).
+    let kv = match B::weight_storage(cfg.dtype) {
+        WeightStorage::Dense16(dt) => dt,
+        _ => burn::tensor::FloatDType::F32,
+    };
+    LlamaRunner::with_kv_dtype(model, cfg.cache_bytes, cfg.block_size, kv)
 }
 
 /// [`load_runner`] with the concrete type (for tracing / benchmarks).
@@ -281,6 +304,7 @@ mod tests {
                 dtype: ModelDType::Float32,
                 cache_bytes: 1 << 20,
                 block_size: 4,
+                device: Device::Cpu,
             };
             let mut r = load_flex_runner(&cfg).expect("tiny model loads");
             assert_eq!(r.info().architecture, arch);
