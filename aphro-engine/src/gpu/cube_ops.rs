@@ -16,15 +16,23 @@ use crate::model::{ModelDType, WeightStorage};
 /// Lanes per (row, head) cube: one warp on NVIDIA, and what lavapipe runs well.
 pub const ATTN_UNITS: usize = 32;
 
-fn u32_tensor<R: CubeRuntime>(like: &CubeTensor<R>, data: &[u32]) -> CubeTensor<R> {
+fn u32_tensor<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    data: &[u32],
+    shape: [usize; 2],
+) -> CubeTensor<R> {
     // Zero-length buffers are not portable; pad (the kernels never read the pad).
-    let data = if data.is_empty() { &[0u32][..] } else { data };
+    let (data, shape) = if data.is_empty() {
+        (&[0u32][..], [1, 1])
+    } else {
+        (data, shape)
+    };
     let client = like.client.clone();
     let handle = client.create_from_slice(u32::as_bytes(data));
     CubeTensor::new_contiguous(
         client,
         like.device.clone(),
-        Shape::new([data.len()]),
+        Shape::new(shape),
         handle,
         DType::U32,
     )
@@ -72,7 +80,7 @@ where
         if !cache.handle.can_mut() {
             return reference::reshape_and_cache::<Self>(cache, new, slots);
         }
-        let slots_t = u32_tensor(&cache, &slots32);
+        let slots_t = u32_tensor(&cache, &slots32, [slots32.len(), 1]);
         let client = cache.client.clone();
         let n = tokens * width;
         let cube_dim = CubeDim::new(&client, n);
@@ -103,9 +111,10 @@ where
             return reference::paged_attention::<Self>(q, k_cache, v_cache, seqs, shape);
         };
         let client = q.client.clone();
-        let row_seq = u32_tensor(&q, &meta.row_seq);
-        let row_pos = u32_tensor(&q, &meta.row_pos);
-        let tables = u32_tensor(&q, &meta.block_tables);
+        let row_seq = u32_tensor(&q, &meta.row_seq, [tokens, 1]);
+        let row_pos = u32_tensor(&q, &meta.row_pos, [tokens, 1]);
+        // 2-D: the kernel walks a sequence's row with `stride(0)`, its entries with `stride(1)`.
+        let tables = u32_tensor(&q, &meta.block_tables, [seqs.len(), meta.max_blocks]);
         let out = empty_device_dtype(
             client.clone(),
             q.device.clone(),
