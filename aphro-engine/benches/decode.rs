@@ -42,6 +42,7 @@ fn main() {
         cache_bytes: 128 << 20,
         block_size: block,
         quiet: false,
+        device: aphro_engine::backend::Device::Cpu,
     })
     .expect("model loads");
     eprintln!(

@@ -1,4 +1,6 @@
 //! The token-in/token-out engine: burn model, paged KV cache, scheduler, sampler.
+pub mod backend;
+pub mod gpu;
 pub mod model;
 pub mod runner;
 

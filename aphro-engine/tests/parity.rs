@@ -81,6 +81,7 @@ fn runner(dtype: ModelDType) -> &'static Mutex<LlamaRunner<Flex>> {
             cache_bytes: 64 << 20,
             block_size: BLOCK,
             quiet: true,
+            device: aphro_engine::backend::Device::Cpu,
         };
         Mutex::new(load_flex_runner(&cfg).expect("model loads"))
     })
@@ -445,4 +446,87 @@ fn batched_step_matches_single_sequences() {
     let mut bad = seq(0);
     bad.token_ids[0] = 1 << 30;
     assert!(r.execute(&BatchInput { seqs: vec![bad] }).is_err());
+}
+
+/// The device named by `APHRO_TEST_DEVICE` (`cpu` by default; `scripts/gpu-check.sh` sets
+/// `cuda`) with `APHRO_TEST_DTYPE` weights (`float32` by default, or `bfloat16`/`float16`)
+/// reproduces HF's greedy ids. A 16-bit run may diverge only at a step whose f32 top-1
+/// margin is below 1e-3 (a tie that rounding can flip); f32 must match everywhere.
+#[test]
+fn device_greedy_matches_hf() {
+    use aphro_engine::backend::Device;
+    let device: Device = std::env::var("APHRO_TEST_DEVICE")
+        .unwrap_or_else(|_| "cpu".into())
+        .parse()
+        .expect("APHRO_TEST_DEVICE: auto, cpu, cuda or cuda:N");
+    let dtype = match std::env::var("APHRO_TEST_DTYPE").as_deref() {
+        Ok("bfloat16") => ModelDType::BFloat16,
+        Ok("float16") => ModelDType::Float16,
+        Ok("float32") | Err(_) => ModelDType::Float32,
+        Ok(other) => panic!("APHRO_TEST_DTYPE {other:?}: float32, bfloat16 or float16"),
+    };
+    let mut r = aphro_engine::model::load_runner(&ModelLoadConfig {
+        model_path: gguf_path(),
+        dtype,
+        cache_bytes: 64 << 20,
+        block_size: BLOCK,
+        quiet: true,
+        device,
+    })
+    .unwrap_or_else(|e| panic!("model loads on {device}: {e}"));
+    for (n, c) in greedy_cases(&["chat-capital-france", "raw-once-upon"])
+        .iter()
+        .enumerate()
+    {
+        let id = c["id"].as_str().expect("id");
+        let prompt = ids(&c["prompt_token_ids"]);
+        let hf = &c["hf_f32"];
+        let want = ids(&hf["greedy_token_ids"]);
+        let margins = floats(&hf["top1_margin"]);
+        let max_new = c["max_new_tokens"].as_u64().expect("max") as usize;
+        let chunk = if n % 2 == 0 { prompt.len() } else { 7 };
+        let table: Vec<u32> = (0..(prompt.len() + max_new).div_ceil(BLOCK) as u32).collect();
+        let mut step = |toks: &[u32], start: usize, logits| {
+            let batch = BatchInput {
+                seqs: vec![SeqInput {
+                    seq_id: 1,
+                    token_ids: toks.to_vec(),
+                    start_pos: start,
+                    block_table: table.clone(),
+                    logits,
+                }],
+            };
+            r.execute(&batch).expect("step runs").remove(0).data
+        };
+        let mut pos = 0;
+        let mut row = Vec::new();
+        for ch in prompt.chunks(chunk) {
+            let last = pos + ch.len() == prompt.len();
+            row = step(
+                ch,
+                pos,
+                if last {
+                    LogitsWanted::Last
+                } else {
+                    LogitsWanted::None
+                },
+            );
+            pos += ch.len();
+        }
+        for (i, &w) in want.iter().enumerate() {
+            let got = argmax(&row);
+            if got != w {
+                let tie = dtype != ModelDType::Float32 && margins.get(i).is_some_and(|&m| m < 1e-3);
+                assert!(
+                    tie,
+                    "{id} on {device} ({dtype:?}): step {i} got {got}, HF {w}"
+                );
+                break;
+            }
+            if i + 1 < want.len() {
+                row = step(&[got], pos, LogitsWanted::Last);
+                pos += 1;
+            }
+        }
+    }
 }

@@ -59,9 +59,18 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// `APHRO_TEST_DEVICE` (default `cpu`) runs these tests on a GPU (`scripts/gpu-check.sh`).
+fn test_device() -> aphro_engine::backend::Device {
+    std::env::var("APHRO_TEST_DEVICE")
+        .unwrap_or_else(|_| "cpu".into())
+        .parse()
+        .expect("APHRO_TEST_DEVICE: auto, cpu, cuda or cuda:N")
+}
+
 fn engine(cfg: ServingConfig) -> ServingEngine {
     ServingEngine::new(ServingConfig {
         model: gguf(),
+        device: test_device(),
         ..cfg
     })
     .expect("engine starts")
@@ -525,6 +534,7 @@ fn half_precision_weights_track_f32() {
             cache_bytes: 8 << 20,
             block_size: 16,
             quiet: true,
+            device: aphro_engine::backend::Device::Cpu,
         })
         .expect("loads");
         let batch = BatchInput {

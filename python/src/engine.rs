@@ -66,6 +66,12 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
                     }
                 };
             }
+            "device" => {
+                let s: String = v.extract()?;
+                cfg.device = s.parse().map_err(|e: aphro_engine::backend::DeviceError| {
+                    PyValueError::new_err(e.to_string())
+                })?;
+            }
             "kv_cache_memory" => cfg.kv_cache_memory = v.extract()?,
             "block_size" => cfg.block_size = v.extract()?,
             "max_num_batched_tokens" => cfg.max_num_batched_tokens = v.extract()?,
@@ -79,7 +85,7 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "Engine() got an unexpected engine argument {other:?} (known: dtype, \
-                     kv_cache_memory, block_size, max_num_batched_tokens, max_num_seqs, \
+                     device, kv_cache_memory, block_size, max_num_batched_tokens, max_num_seqs, \
                      enable_prefix_caching, max_model_len, max_logprobs, seed, \
                      served_model_name, tokens_only)"
                 )))
@@ -96,7 +102,7 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
 ///     model: `None` (the embedded default GGUF), a path (`.gguf` / HF directory), a hub id,
 ///         or an `aphro.Model`.
 ///     **engine_args: vLLM's engine flags: `dtype` ("auto", "float32", "bfloat16",
-///         "float16"), `kv_cache_memory` (bytes), `block_size`, `max_num_batched_tokens`,
+///         "float16"), `device` ("auto", "cpu", "cuda", "cuda:N"), `kv_cache_memory` (bytes), `block_size`, `max_num_batched_tokens`,
 ///         `max_num_seqs`, `enable_prefix_caching`, `max_model_len`, `max_logprobs`, `seed`,
 ///         `served_model_name`, `tokens_only`.
 #[pyclass(module = "aphro", name = "Engine", frozen)]

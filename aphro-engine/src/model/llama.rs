@@ -54,7 +54,10 @@ impl<B: EngineOps> Linear<B> {
             Linear::Dense { w, .. } => {
                 let idx: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
                 let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [ids.len()]), device);
-                wrap::<B, 2>(w.clone()).select(0, idx)
+                // 16-bit device weights: the residual stream stays f32.
+                wrap::<B, 2>(w.clone())
+                    .select(0, idx)
+                    .cast(burn::tensor::FloatDType::F32)
             }
             Linear::Quant(q) => {
                 let mut out = vec![0f32; ids.len() * q.cols];
@@ -117,6 +120,8 @@ pub enum WeightStorage {
     KeepQuant,
     /// 16-bit floats (F16 or BF16), widened to f32 inside the matmul.
     Half(QuantType),
+    /// Dense backend tensors of a 16-bit float type (GPU backends; everything else f32).
+    Dense16(burn::tensor::FloatDType),
 }
 
 struct Loader<'a, B: Backend> {
@@ -124,6 +129,7 @@ struct Loader<'a, B: Backend> {
     bar: &'a indicatif::ProgressBar,
     keep_quant: bool,
     half: Option<QuantType>,
+    dense16: Option<burn::tensor::FloatDType>,
     device: &'a B::Device,
 }
 
@@ -169,6 +175,15 @@ impl<B: EngineOps> Loader<'_, B> {
             let q = QuantMatrix::from_f32_half(ty, rows, cols, &data)
                 .map_err(|e| ModelError::Weights(format!("{name}: {e}")))?;
             return Ok(Linear::Quant(Arc::new(q)));
+        }
+        if let Some(dt) = self.dense16 {
+            let (_, data) = t.into_f32();
+            let w = Tensor::<B, 2>::from_data(TensorData::new(data, [rows, cols]), self.device);
+            return Ok(Linear::Dense {
+                w: unwrap(w.cast(dt)),
+                rows,
+                cols,
+            });
         }
         Ok(match t {
             HostTensor::Quant(q) => Linear::Quant(Arc::new(q)),
@@ -234,6 +249,10 @@ impl<B: EngineOps> Llama<B> {
                         "{ty:?} is not a 16-bit float type"
                     )))
                 }
+                _ => None,
+            },
+            dense16: match storage {
+                WeightStorage::Dense16(dt) => Some(dt),
                 _ => None,
             },
             device,

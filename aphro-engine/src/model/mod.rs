@@ -17,9 +17,9 @@ use burn::backend::flex::{Flex, FlexDevice};
 pub use config::LlamaConfig;
 pub use llama::{Llama, WeightStorage};
 pub use ops::EngineOps;
-use quant::QuantType;
 pub use runner::LlamaRunner;
 
+use crate::backend::Device;
 use crate::runner::ModelRunner;
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +53,8 @@ pub enum ModelError {
     },
     #[error("{0} is neither a .gguf file nor a directory with config.json + safetensors")]
     UnknownFormat(PathBuf),
+    #[error(transparent)]
+    Device(#[from] crate::backend::DeviceError),
 }
 
 /// Weight/compute precision requested by the user (`--dtype`).
@@ -78,6 +80,8 @@ pub struct ModelLoadConfig {
     pub block_size: usize,
     /// Hide the weight-loading progress bar (it is also hidden when stderr is not a TTY).
     pub quiet: bool,
+    /// Where the model runs (see [`crate::backend`]).
+    pub device: Device,
 }
 
 impl Default for ModelLoadConfig {
@@ -88,6 +92,7 @@ impl Default for ModelLoadConfig {
             cache_bytes: 256 << 20,
             block_size: 16,
             quiet: false,
+            device: Device::Auto,
         }
     }
 }
@@ -164,12 +169,7 @@ pub fn load_model_with<B: EngineOps>(
 ) -> Result<Llama<B>, ModelError> {
     let path = &resolve_model_path(path)?;
     let bar = load_bar(path, quiet);
-    let storage = match dtype {
-        ModelDType::Auto => WeightStorage::KeepQuant,
-        ModelDType::Float32 => WeightStorage::F32,
-        ModelDType::Float16 => WeightStorage::Half(QuantType::F16),
-        ModelDType::BFloat16 => WeightStorage::Half(QuantType::BF16),
-    };
+    let storage = B::weight_storage(dtype);
     if path.is_dir() {
         let cfg_path = path.join("config.json");
         let raw = std::fs::read(&cfg_path).map_err(|e| ModelError::Io(cfg_path.clone(), e))?;
@@ -192,9 +192,32 @@ pub fn load_model_with<B: EngineOps>(
     Err(ModelError::UnknownFormat(path.to_path_buf()))
 }
 
-/// Load a runner on the default CPU backend (`Flex`).
+/// Load a runner on `cfg.device` (`auto`: CUDA when compiled in and usable, else the CPU).
 pub fn load_runner(cfg: &ModelLoadConfig) -> Result<Box<dyn ModelRunner>, ModelError> {
-    Ok(Box::new(load_flex_runner(cfg)?))
+    match crate::backend::resolve(cfg.device)? {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(i) => {
+            use crate::backend::cuda::{device, CudaBackend};
+            Ok(Box::new(load_runner_on::<CudaBackend>(cfg, &device(i))?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(crate::backend::DeviceError::CudaNotCompiled.into()),
+        Device::Cpu | Device::Auto => Ok(Box::new(load_flex_runner(cfg)?)),
+    }
+}
+
+/// Load a runner on any backend with the engine's ops (`cfg.device` is not consulted).
+pub fn load_runner_on<B: EngineOps>(
+    cfg: &ModelLoadConfig,
+    device: &B::Device,
+) -> Result<LlamaRunner<B>, ModelError> {
+    let model = load_model_with::<B>(&cfg.model_path, cfg.dtype, cfg.quiet, device)?;
+    // 16-bit device weights come with a 16-bit KV pool (twice the blocks per byte).
+    let kv = match B::weight_storage(cfg.dtype) {
+        WeightStorage::Dense16(dt) => dt,
+        _ => burn::tensor::FloatDType::F32,
+    };
+    LlamaRunner::with_kv_dtype(model, cfg.cache_bytes, cfg.block_size, kv)
 }
 
 /// [`load_runner`] with the concrete type (for tracing / benchmarks).
@@ -314,6 +337,7 @@ mod tests {
                 cache_bytes: 1 << 20,
                 block_size: 4,
                 quiet: true,
+                device: Device::Cpu,
             };
             let mut r = load_flex_runner(&cfg).expect("tiny model loads");
             assert_eq!(r.info().architecture, arch);

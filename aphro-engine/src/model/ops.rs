@@ -2,7 +2,8 @@
 //!
 //! Every method has a default written in plain burn tensor ops (so any backend runs the
 //! model); `Flex` overrides them with CPU loops that read the paged cache and the quantized
-//! blocks in place. A CUDA backend adds its kernels by overriding the same methods.
+//! blocks in place. The CubeCL backends (CUDA, wgpu) override them with the kernels of
+//! [`crate::gpu`].
 
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::backend::Backend;
@@ -10,7 +11,8 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, Int, Tensor, TensorData, TensorPrimitive};
 use rayon::prelude::*;
 
-use super::quant::{dense_matmul, QuantMatrix};
+use super::quant::{dense_matmul, QuantMatrix, QuantType};
+use super::{ModelDType, WeightStorage};
 
 /// One sequence's slice of a step, as attention sees it.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +52,17 @@ fn unwrap<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
 /// `[num_blocks * block_size, num_kv_heads * head_dim]` (one row per slot); activations are
 /// token-major `[tokens, features]`. Callers guarantee indices are in range.
 pub trait EngineOps: Backend {
+    /// How `--dtype` maps to the storage of the projection matrices on this backend. The
+    /// default keeps a GGUF's block quantization on the host for the fused CPU kernels.
+    fn weight_storage(dtype: ModelDType) -> WeightStorage {
+        match dtype {
+            ModelDType::Auto => WeightStorage::KeepQuant,
+            ModelDType::Float32 => WeightStorage::F32,
+            ModelDType::Float16 => WeightStorage::Half(QuantType::F16),
+            ModelDType::BFloat16 => WeightStorage::Half(QuantType::BF16),
+        }
+    }
+
     /// Write `new` (`[tokens, kv_dim]`) into rows `slots` of `cache`, returning the cache.
     fn reshape_and_cache(
         cache: FloatTensor<Self>,

@@ -2,7 +2,7 @@
 //! batch into one forward pass.
 
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive};
 
 use super::llama::{HiddenTrace, Llama, StepPlan};
 use super::ops::{AttnSeq, EngineOps};
@@ -22,9 +22,20 @@ pub struct LlamaRunner<B: EngineOps> {
 impl<B: EngineOps> LlamaRunner<B> {
     /// Allocate `cache_bytes` worth of KV blocks of `block_size` tokens for `model`.
     pub fn new(model: Llama<B>, cache_bytes: usize, block_size: usize) -> Result<Self, ModelError> {
+        Self::with_kv_dtype(model, cache_bytes, block_size, FloatDType::F32)
+    }
+
+    /// [`Self::new`] with K/V stored as `kv_dtype` (16-bit pools are for backends whose
+    /// `EngineOps` read them, the CubeCL ones; the CPU ops read f32).
+    pub fn with_kv_dtype(
+        model: Llama<B>,
+        cache_bytes: usize,
+        block_size: usize,
+        kv_dtype: FloatDType,
+    ) -> Result<Self, ModelError> {
         let cfg = &model.cfg;
         let kv_w = cfg.num_kv_heads * cfg.head_dim;
-        let kv_bytes_per_token = 2 * cfg.num_layers * kv_w * std::mem::size_of::<f32>();
+        let kv_bytes_per_token = 2 * cfg.num_layers * kv_w * DType::from(kv_dtype).size();
         if block_size == 0 {
             return Err(ModelError::Config("block_size must be > 0".into()));
         }
@@ -48,6 +59,7 @@ impl<B: EngineOps> LlamaRunner<B> {
         let zeros = || {
             Some(
                 Tensor::<B, 2>::zeros([num_blocks * block_size, kv_w], model.device())
+                    .cast(kv_dtype)
                     .into_primitive()
                     .tensor(),
             )

@@ -30,6 +30,7 @@ use aphro_core::{Model, Tokenizer};
 use futures::{Stream, StreamExt};
 use serde_json::{json, Map, Value};
 
+use crate::backend::Device;
 use crate::engine::{Engine, EngineConfig, EngineError, GenerateStream};
 use crate::metrics::MetricsSnapshot;
 use crate::model::{load_runner, resolve_model_path, ModelDType, ModelLoadConfig};
@@ -45,6 +46,8 @@ pub struct ServingConfig {
     /// A `.gguf` file, an HF model directory, or a hub id in the local cache.
     pub model: String,
     pub dtype: ModelDType,
+    /// Where the model runs (`--device`).
+    pub device: Device,
     /// Bytes of the paged KV cache (`--kv-cache-memory`).
     pub kv_cache_memory: usize,
     /// Tokens per KV block (`--block-size`).
@@ -70,6 +73,7 @@ impl Default for ServingConfig {
         Self {
             model: String::new(),
             dtype: ModelDType::Auto,
+            device: Device::Auto,
             kv_cache_memory: 256 << 20,
             block_size: 16,
             max_num_batched_tokens: e.max_num_batched_tokens,
@@ -211,6 +215,7 @@ impl ServingEngine {
             cache_bytes: cfg.kv_cache_memory,
             block_size: cfg.block_size,
             quiet: false,
+            device: cfg.device,
         })
         .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))?;
         // The tokenizer side: required for text mode; a tokens-only server still reads

@@ -6,6 +6,7 @@
 //! Requests are always answered non-streaming, and their `model` field is not checked (the
 //! renderer writes whatever name the client used).
 use anyhow::Context;
+use aphro_engine::backend::Device;
 use aphro_engine::model::ModelDType;
 use aphro_engine::serving::{ServingConfig, ServingEngine, ServingStream};
 use serde_json::Value;
@@ -33,6 +34,11 @@ impl From<DType> for ModelDType {
     }
 }
 
+fn parse_device(s: &str) -> Result<Device, String> {
+    s.parse()
+        .map_err(|e: aphro_engine::backend::DeviceError| e.to_string())
+}
+
 /// The engine flags shared by `generate`, `bench` (and `serve`), with vLLM's names.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
@@ -44,6 +50,10 @@ pub struct EngineArgs {
     /// (the exact-parity path), `bfloat16`/`float16` store weights in 16 bits.
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DType,
+    /// Where the model runs: `cpu`, `cuda` (`cuda:N`), or `auto` (the first CUDA GPU when
+    /// this build has the `cuda` feature and a usable driver, else the CPU).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    pub device: Device,
     /// Token budget per engine step (prefills are chunked to fit).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
@@ -93,9 +103,13 @@ impl EngineArgs {
     }
 
     pub fn serving_config(&self, prefix_caching_default: bool) -> anyhow::Result<ServingConfig> {
+        if matches!(self.device, Device::Cuda(_)) && !aphro_engine::backend::cuda_compiled() {
+            return Err(aphro_engine::backend::DeviceError::CudaNotCompiled.into());
+        }
         Ok(ServingConfig {
             model: self.model()?,
             dtype: self.dtype.into(),
+            device: self.device,
             kv_cache_memory: self.kv_cache_memory,
             block_size: self.block_size,
             max_num_batched_tokens: self.max_num_batched_tokens,
