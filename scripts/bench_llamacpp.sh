@@ -19,11 +19,12 @@ CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/aphro/llama.cpp
 SRC=$CACHE/llama_cpp_python-$VERSION
 BUILD=$CACHE/build-$VERSION
 BENCH=$BUILD/bin/llama-bench
+BATCHED=$BUILD/bin/llama-batched-bench
 
 [ -f "$MODEL" ] || { echo "model $MODEL not found" >&2; exit 1; }
 mkdir -p "$CACHE"
 
-if [ ! -x "$BENCH" ]; then
+if [ ! -x "$BENCH" ] || [ ! -x "$BATCHED" ]; then
     if ! command -v cmake >/dev/null; then
         echo "cmake is required (apt-get install cmake)" >&2
         exit 1
@@ -52,7 +53,7 @@ PY
     cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
         -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_OPENMP=ON \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-    cmake --build "$BUILD" --target llama-bench -j"$JOBS" >/dev/null
+    cmake --build "$BUILD" --target llama-bench llama-batched-bench -j"$JOBS" >/dev/null
 fi
 
 (cd "$ROOT" && cargo build --quiet --release -p aphro-http --bin aphro)
@@ -62,13 +63,21 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 echo "llama-bench -t $THREADS -p 128,512 -n 128 ..." >&2
 "$BENCH" -m "$MODEL" -t "$THREADS" -p 128,512 -n 128 -o json >"$OUT/llama.json" 2>/dev/null
+# Concurrency: the same shape as `aphro bench`'s aggregate (32-token prompts, 128 new
+# tokens each, 8/16/32 sequences decoded together; prefill counted in the wall time).
+echo "llama-batched-bench -t $THREADS -npp 32 -ntg 128 -npl 8,16,32 ..." >&2
+"$BATCHED" -m "$MODEL" -t "$THREADS" -c 8192 -b 2048 -ub 512 -npp 32 -ntg 128 -npl 8,16,32 \
+    --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/batched.jsonl"
 echo "aphro bench --json ..." >&2
 RAYON_NUM_THREADS=$THREADS "$APHRO" bench --model "$MODEL" --json >"$OUT/aphro.json"
 
-python3 - "$OUT/llama.json" "$OUT/aphro.json" <<'PY'
+python3 - "$OUT/llama.json" "$OUT/aphro.json" "$OUT/batched.jsonl" <<'PY'
 import json, sys
 llama = json.load(open(sys.argv[1]))
 aphro = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+batched = [json.loads(l) for l in open(sys.argv[3]) if l.strip()]
+# Generated tokens over the whole run (prefill included), as `aphro bench` counts them.
+agg = {str(r["pl"]): r["pl"] * r["tg"] / r["t"] for r in batched}
 ts = {}
 for r in llama:
     key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
@@ -77,11 +86,11 @@ rows = [
     ("prefill 512 tokens", ts.get("pp512"), aphro["prefill_tok_s"]),
     ("decode batch 1 (128 tokens)", ts.get("tg128"), aphro["decode_tok_s"]),
 ]
+for c, v in aphro.get("aggregate_tok_s", {}).items():
+    rows.append((f"aggregate, {c} concurrent", agg.get(c), v))
 print(f"{'measurement':<30} {'llama.cpp':>10} {'aphro':>10} {'aphro/llama':>12}")
 for name, l, a in rows:
     ratio = f"{a / l:.2f}" if l else "-"
     print(f"{name:<30} {l or 0:>10.1f} {a:>10.1f} {ratio:>12}")
 print(f"{'llama.cpp prefill 128 tokens':<30} {ts.get('pp128', 0):>10.1f}")
-for c, v in aphro.get("aggregate_tok_s", {}).items():
-    print(f"{'aphro aggregate, ' + c + ' concurrent':<30} {'':>10} {v:>10.1f}")
 PY

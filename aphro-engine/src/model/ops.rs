@@ -9,7 +9,6 @@ use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, Int, Tensor, TensorData, TensorPrimitive};
-use rayon::prelude::*;
 
 use super::quant::{dense_matmul, QuantMatrix, QuantType};
 use super::{ModelDType, WeightStorage};
@@ -280,53 +279,13 @@ impl EngineOps for Flex {
         shape: &AttnShape,
     ) -> FlexTensor {
         let [tokens, qdim] = dims2(&q);
-        let q = f32_data(&q);
-        let kc = f32_data(k_cache);
-        let vc = f32_data(v_cache);
-        let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
-        let kv_w = kvh * d;
-        let group = h / kvh;
-        // One task per (token, head); each walks the block table directly (no gather).
-        let mut owner: Vec<Option<(usize, usize)>> = vec![None; tokens];
-        for (si, s) in seqs.iter().enumerate() {
-            for i in 0..s.q_len {
-                if let Some(o) = owner.get_mut(s.q_offset + i) {
-                    *o = Some((si, i));
-                }
-            }
-        }
-        let mut out = vec![0f32; tokens * qdim];
-        out.par_chunks_mut(d).enumerate().for_each(|(task, acc)| {
-            let (row, head) = (task / h, task % h);
-            let Some((si, i)) = owner[row] else {
-                return;
-            };
-            let s = &seqs[si];
-            let last = s.start_pos + i;
-            let kvh_i = head / group;
-            let qv = &q[row * qdim + head * d..row * qdim + (head + 1) * d];
-            let mut scores = Vec::with_capacity(last + 1);
-            let mut max = f32::NEG_INFINITY;
-            for p in 0..=last {
-                let off = shape.slot(s, p) * kv_w + kvh_i * d;
-                let sc = super::quant::dot_f32(qv, &kc[off..off + d]) * shape.scale;
-                max = max.max(sc);
-                scores.push(sc);
-            }
-            let mut sum = 0f32;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            let inv = 1.0 / sum;
-            for (p, &w) in scores.iter().enumerate() {
-                let off = shape.slot(s, p) * kv_w + kvh_i * d;
-                let w = w * inv;
-                for (a, &v) in acc.iter_mut().zip(&vc[off..off + d]) {
-                    *a += w * v;
-                }
-            }
-        });
+        let out = super::cpu::paged_attention(
+            &f32_data(&q),
+            &f32_data(k_cache),
+            &f32_data(v_cache),
+            seqs,
+            shape,
+        );
         flex_from(out, [tokens, qdim])
     }
 

@@ -66,7 +66,11 @@ pub enum QuantError {
     },
 }
 
-/// A row-major `[rows, cols]` matrix stored in ggml blocks; each row is whole blocks.
+/// A row-major `[rows, cols]` matrix of ggml blocks.
+///
+/// Formats with a fused kernel (Q8_0, Q4_0, Q4_1) are repacked at construction into groups of
+/// [`GROUP`] rows interleaved block by block (see [`packed`]), so one SIMD load serves eight
+/// output rows and their scales load as one vector; the others keep ggml's layout.
 #[derive(Clone)]
 pub struct QuantMatrix {
     pub ty: QuantType,
@@ -83,6 +87,51 @@ impl std::fmt::Debug for QuantMatrix {
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Rows per interleaved group of the packed layout.
+pub const GROUP: usize = 8;
+
+/// The row-interleaved layout of the fused formats. Group `g` holds rows `8g..8g+8` (the
+/// last group zero-padded), its blocks in column order; one group-block is
+/// `8 × ggml block bytes`: the 8 rows' f16 scales `d` (16 bytes), for Q4_1 their f16 `m`
+/// (16 bytes), then the quants as 32-byte words-vectors: vector `w` holds, for row `k` in
+/// lane `k`, bytes `4w..4w+4` of that row's ggml quants. For Q8_0 those are columns
+/// `4w..4w+4`; for Q4_0/Q4_1 the low nibbles are columns `4w..4w+4` and the high nibbles
+/// `16+4w..16+4w+4`.
+pub mod packed {
+    use super::QuantType;
+
+    /// Bytes of the scale header of one group-block.
+    pub fn header_bytes(ty: QuantType) -> usize {
+        if ty == QuantType::Q4_1 {
+            32
+        } else {
+            16
+        }
+    }
+
+    /// Offset of the quants inside one ggml block.
+    pub fn ggml_qs_offset(ty: QuantType) -> usize {
+        if ty == QuantType::Q4_1 {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// Quant bytes per row-block (32 for Q8_0, 16 for the 4-bit formats).
+    pub fn qs_bytes(ty: QuantType) -> usize {
+        if ty == QuantType::Q8_0 {
+            32
+        } else {
+            16
+        }
+    }
+
+    pub fn group_block_bytes(ty: QuantType) -> usize {
+        ty.block_layout().1 * super::GROUP
+    }
 }
 
 impl QuantMatrix {
@@ -119,21 +168,38 @@ impl QuantMatrix {
         Self::new(ty, rows, cols, data)
     }
 
-    pub fn new(ty: QuantType, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, QuantError> {
+    /// Check that `len` bytes of ggml blocks make a `[rows, cols]` matrix of `ty`.
+    pub fn check_size(
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        len: usize,
+    ) -> Result<(), QuantError> {
         let (block, _) = ty.block_layout();
         if cols % block != 0 {
             return Err(QuantError::RowNotBlockAligned { ty, cols, block });
         }
         let want = rows * Self::row_bytes_for(ty, cols);
-        if data.len() != want {
+        if len != want {
             return Err(QuantError::WrongSize {
                 ty,
                 rows,
                 cols,
                 want,
-                got: data.len(),
+                got: len,
             });
         }
+        Ok(())
+    }
+
+    /// From ggml-layout bytes (rows of whole blocks, as in a GGUF file).
+    pub fn new(ty: QuantType, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, QuantError> {
+        Self::check_size(ty, rows, cols, data.len())?;
+        let data = if ty.has_fused_kernel() {
+            pack(ty, rows, cols, &data)
+        } else {
+            data
+        };
         Ok(Self {
             ty,
             rows,
@@ -147,13 +213,44 @@ impl QuantMatrix {
         cols / block * bytes
     }
 
+    /// Bytes of one row in ggml's layout.
     pub fn row_bytes(&self) -> usize {
         Self::row_bytes_for(self.ty, self.cols)
     }
 
-    pub fn row(&self, r: usize) -> &[u8] {
+    fn blocks_per_row(&self) -> usize {
+        self.cols / self.ty.block_layout().0
+    }
+
+    /// Row `r` in ggml's layout (gathered from the interleaved groups for fused formats).
+    pub fn row(&self, r: usize) -> std::borrow::Cow<'_, [u8]> {
         let rb = self.row_bytes();
-        &self.data[r * rb..(r + 1) * rb]
+        if !self.ty.has_fused_kernel() {
+            return std::borrow::Cow::Borrowed(&self.data[r * rb..(r + 1) * rb]);
+        }
+        let ty = self.ty;
+        let (_, bb) = ty.block_layout();
+        let (hdr, qoff, qsb) = (
+            packed::header_bytes(ty),
+            packed::ggml_qs_offset(ty),
+            packed::qs_bytes(ty),
+        );
+        let gbb = packed::group_block_bytes(ty);
+        let (g, k) = (r / GROUP, r % GROUP);
+        let nb = self.blocks_per_row();
+        let mut out = vec![0u8; rb];
+        for (i, o) in out.chunks_exact_mut(bb).enumerate() {
+            let src = &self.data[(g * nb + i) * gbb..(g * nb + i + 1) * gbb];
+            o[..2].copy_from_slice(&src[2 * k..2 * k + 2]);
+            if ty == QuantType::Q4_1 {
+                o[2..4].copy_from_slice(&src[16 + 2 * k..16 + 2 * k + 2]);
+            }
+            for w in 0..qsb / 4 {
+                let at = hdr + w * 32 + 4 * k;
+                o[qoff + 4 * w..qoff + 4 * w + 4].copy_from_slice(&src[at..at + 4]);
+            }
+        }
+        std::borrow::Cow::Owned(out)
     }
 
     pub fn size_bytes(&self) -> usize {
@@ -162,7 +259,7 @@ impl QuantMatrix {
 
     /// Dequantize one row into `out` (`cols` values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        dequantize_into(self.ty, self.row(r), out);
+        dequantize_into(self.ty, &self.row(r), out);
     }
 
     /// The whole matrix as row-major f32.
@@ -175,15 +272,61 @@ impl QuantMatrix {
     }
 
     /// `y[t, r] = sum_c x[t, c] * W[r, c]` for `x: [tokens, cols]`, returning `[tokens, rows]`.
-    /// Rows are split across the rayon pool; every output element is computed by the same
-    /// code regardless of `tokens`, so results do not depend on batch composition.
+    /// Row groups are split across the rayon pool; every output element is computed by the
+    /// same arithmetic whatever `tokens` is, so results do not depend on batch composition.
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         let cols = self.cols;
         debug_assert_eq!(x.len(), tokens * cols);
-        let acts = self
-            .ty
-            .has_fused_kernel()
-            .then(|| Q8Acts::quantize(x, tokens, cols));
+        if !self.ty.has_fused_kernel() {
+            return self.matmul_dequantizing(x, tokens);
+        }
+        let acts = Q8Acts::quantize(x, tokens, cols);
+        let nb = self.blocks_per_row();
+        let gbb = packed::group_block_bytes(self.ty);
+        let groups = self.rows.div_ceil(GROUP);
+        let groups_per_task = (groups / (rayon::current_num_threads() * 8)).clamp(1, 8);
+        let mut out_t = vec![0f32; self.rows * tokens];
+        out_t
+            .par_chunks_mut(tokens * GROUP * groups_per_task)
+            .enumerate()
+            .for_each(|(task, out)| {
+                let g0 = task * groups_per_task;
+                for (gi, out) in out.chunks_mut(tokens * GROUP).enumerate() {
+                    let g = g0 + gi;
+                    let group = &self.data[g * nb * gbb..(g + 1) * nb * gbb];
+                    // Up to four tokens share each unpacked weight vector; the group (a few
+                    // KiB) stays in L1 across the batch's tokens.
+                    let mut t = 0;
+                    while t < tokens {
+                        let n = (tokens - t).min(4);
+                        let mut res = [[0f32; GROUP]; 4];
+                        let rows = [0, 1, 2, 3].map(|i| acts.row((t + i).min(tokens - 1)));
+                        match n {
+                            4 => group_dot::<4>(self.ty, group, rows, &mut res),
+                            3 => group_dot::<3>(self.ty, group, rows, &mut res),
+                            2 => group_dot::<2>(self.ty, group, rows, &mut res),
+                            _ => group_dot::<1>(self.ty, group, rows, &mut res),
+                        }
+                        for (i, res) in res[..n].iter().enumerate() {
+                            for (k, &v) in res.iter().enumerate() {
+                                if let Some(o) = out.get_mut(k * tokens + t + i) {
+                                    *o = v;
+                                }
+                            }
+                        }
+                        t += n;
+                    }
+                }
+            });
+        if tokens == 1 {
+            return out_t;
+        }
+        transpose(&out_t, self.rows, tokens)
+    }
+
+    /// K-quants and 16-bit floats: dequantize a row at a time and use f32 dots.
+    fn matmul_dequantizing(&self, x: &[f32], tokens: usize) -> Vec<f32> {
+        let cols = self.cols;
         let mut out_t = vec![0f32; self.rows * tokens];
         let rows_per_task = (self.rows / (rayon::current_num_threads() * 8)).clamp(4, 64);
         out_t
@@ -191,33 +334,9 @@ impl QuantMatrix {
             .enumerate()
             .for_each(|(chunk, out)| {
                 let r0 = chunk * rows_per_task;
-                let n = out.len() / tokens;
-                if let Some(acts) = &acts {
-                    // Four weight rows per pass share each activation block load; a task's
-                    // rows (a few KiB) stay in L1 across the batch's tokens.
-                    for t in 0..tokens {
-                        let a = acts.row(t);
-                        let mut i = 0;
-                        while i + 4 <= n {
-                            let rows = [0, 1, 2, 3].map(|k| self.row(r0 + i + k));
-                            let mut o = [0f32; 4];
-                            vec_dot_rows(self.ty, rows, a, &mut o);
-                            for (k, v) in o.into_iter().enumerate() {
-                                out[(i + k) * tokens + t] = v;
-                            }
-                            i += 4;
-                        }
-                        for i in i..n {
-                            let mut o = [0f32; 1];
-                            vec_dot_rows(self.ty, [self.row(r0 + i)], a, &mut o);
-                            out[i * tokens + t] = o[0];
-                        }
-                    }
-                    return;
-                }
                 let mut buf = vec![0f32; cols];
                 for (i, o) in out.chunks_mut(tokens).enumerate() {
-                    dequantize_into(self.ty, self.row(r0 + i), &mut buf);
+                    dequantize_into(self.ty, &self.row(r0 + i), &mut buf);
                     for (t, y) in o.iter_mut().enumerate() {
                         *y = dot_f32(&buf, &x[t * cols..(t + 1) * cols]);
                     }
@@ -228,6 +347,124 @@ impl QuantMatrix {
         }
         transpose(&out_t, self.rows, tokens)
     }
+}
+
+/// ggml rows → the interleaved groups of [`packed`].
+fn pack(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
+    let (block, bb) = ty.block_layout();
+    let nb = cols / block;
+    let rb = nb * bb;
+    let gbb = packed::group_block_bytes(ty);
+    let (hdr, qoff, qsb) = (
+        packed::header_bytes(ty),
+        packed::ggml_qs_offset(ty),
+        packed::qs_bytes(ty),
+    );
+    let groups = rows.div_ceil(GROUP);
+    let mut out = vec![0u8; groups * nb * gbb];
+    out.par_chunks_mut((nb * gbb).max(1))
+        .enumerate()
+        .for_each(|(g, dst)| {
+            for k in 0..GROUP {
+                let r = g * GROUP + k;
+                if r >= rows {
+                    break;
+                }
+                let row = &src[r * rb..(r + 1) * rb];
+                for (i, b) in row.chunks_exact(bb).enumerate() {
+                    let o = &mut dst[i * gbb..(i + 1) * gbb];
+                    o[2 * k..2 * k + 2].copy_from_slice(&b[..2]);
+                    if ty == QuantType::Q4_1 {
+                        o[16 + 2 * k..16 + 2 * k + 2].copy_from_slice(&b[2..4]);
+                    }
+                    for w in 0..qsb / 4 {
+                        let at = hdr + w * 32 + 4 * k;
+                        o[at..at + 4].copy_from_slice(&b[qoff + 4 * w..qoff + 4 * w + 4]);
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// One packed row group against `T` activation rows: `out[t][k]` for the group's 8 rows.
+/// `rows` beyond `T` are ignored.
+#[allow(unsafe_code)]
+fn group_dot<const T: usize>(
+    ty: QuantType,
+    group: &[u8],
+    rows: [Q8Row<'_>; 4],
+    out: &mut [[f32; GROUP]; 4],
+) {
+    let nb = group.len() / packed::group_block_bytes(ty);
+    for r in &rows[..T] {
+        assert!(
+            r.qs.len() >= nb * 32 && r.d.len() >= nb && r.s.len() >= nb && r.sum.len() >= nb,
+            "activation row shorter than the weights"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512_vnni() {
+            // SAFETY: the CPU has AVX-512 VNNI/VL, AVX2, FMA and F16C (checked at run time);
+            // every activation row covers `nb` blocks (asserted above) and the group is
+            // `nb` whole group-blocks.
+            unsafe { x86::group_dot_vnni::<T>(ty, group, nb, &rows, out) };
+            return;
+        }
+        if has_avx2() {
+            // SAFETY: as above, with AVX2, FMA and F16C.
+            unsafe { x86::group_dot_avx2::<T>(ty, group, nb, &rows, out) };
+            return;
+        }
+    }
+    for t in 0..T {
+        out[t] = group_dot_scalar(ty, group, nb, rows[t]);
+    }
+}
+
+/// Scalar reference of the group kernels, with the same float operations in the same
+/// order (exact integer block dots, then `acc = fma(dw * dx, dot, acc)` and, for Q4_1,
+/// `acc = fma(m, s, acc)` per block).
+fn group_dot_scalar(ty: QuantType, group: &[u8], nb: usize, a: Q8Row<'_>) -> [f32; GROUP] {
+    let gbb = packed::group_block_bytes(ty);
+    let hdr = packed::header_bytes(ty);
+    let mut acc = [0f32; GROUP];
+    for i in 0..nb {
+        let b = &group[i * gbb..(i + 1) * gbb];
+        let x = &a.qs[32 * i..32 * i + 32];
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let mut dot = 0i32;
+            match ty {
+                QuantType::Q8_0 => {
+                    for w in 0..8 {
+                        for j in 0..4 {
+                            let q = b[hdr + 32 * w + 4 * k + j] as i8 as i32;
+                            dot += q * x[4 * w + j] as i32;
+                        }
+                    }
+                }
+                _ => {
+                    for w in 0..4 {
+                        for j in 0..4 {
+                            let q = b[hdr + 32 * w + 4 * k + j];
+                            dot += (q & 0xF) as i32 * x[4 * w + j] as i32
+                                + (q >> 4) as i32 * x[16 + 4 * w + j] as i32;
+                        }
+                    }
+                    if ty == QuantType::Q4_0 {
+                        dot -= 8 * a.sum[i];
+                    }
+                }
+            }
+            let dw = f16_at(b, 2 * k);
+            *acc = (dw * a.d[i]).mul_add(dot as f32, *acc);
+            if ty == QuantType::Q4_1 {
+                *acc = f16_at(b, 16 + 2 * k).mul_add(a.s[i], *acc);
+            }
+        }
+    }
+    acc
 }
 
 /// Widen little-endian f16/bf16 values in `src` into `out` (`min(src/2, out)` values).
@@ -405,6 +642,7 @@ pub struct Q8Acts {
     qs: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    sum: Vec<i32>,
 }
 
 /// One token's row of [`Q8Acts`].
@@ -413,6 +651,8 @@ pub struct Q8Row<'a> {
     pub qs: &'a [i8],
     pub d: &'a [f32],
     pub s: &'a [f32],
+    /// `sum(q)` per block, exact (Q4_0's `-8` offset is applied through it).
+    pub sum: &'a [i32],
 }
 
 impl Q8Acts {
@@ -426,18 +666,30 @@ impl Q8Acts {
             qs: vec![0; tokens * cols],
             d: vec![0.0; tokens * nb],
             s: vec![0.0; tokens * nb],
+            sum: vec![0; tokens * nb],
         };
-        type Row<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [f32]));
-        let work = |((xr, qs), (d, s)): Row<'_>| quantize_row_q8(xr, qs, d, s);
+        type Row<'a> = (
+            (&'a [f32], &'a mut [i8]),
+            ((&'a mut [f32], &'a mut [f32]), &'a mut [i32]),
+        );
+        let work = |((xr, qs), ((d, s), sum)): Row<'_>| quantize_row_q8(xr, qs, d, s, sum);
         if tokens >= 8 {
             x.par_chunks(cols)
                 .zip(a.qs.par_chunks_mut(cols))
-                .zip(a.d.par_chunks_mut(nb).zip(a.s.par_chunks_mut(nb)))
+                .zip(
+                    a.d.par_chunks_mut(nb)
+                        .zip(a.s.par_chunks_mut(nb))
+                        .zip(a.sum.par_chunks_mut(nb)),
+                )
                 .for_each(work);
         } else {
             x.chunks(cols)
                 .zip(a.qs.chunks_mut(cols))
-                .zip(a.d.chunks_mut(nb).zip(a.s.chunks_mut(nb)))
+                .zip(
+                    a.d.chunks_mut(nb)
+                        .zip(a.s.chunks_mut(nb))
+                        .zip(a.sum.chunks_mut(nb)),
+                )
                 .for_each(work);
         }
         a
@@ -449,18 +701,20 @@ impl Q8Acts {
             qs: &self.qs[t * self.cols..(t + 1) * self.cols],
             d: &self.d[t * nb..(t + 1) * nb],
             s: &self.s[t * nb..(t + 1) * nb],
+            sum: &self.sum[t * nb..(t + 1) * nb],
         }
     }
 }
 
 /// ggml's x86 `quantize_row_q8_1`: `d = amax / 127` (stored as f16), `q = round(x * 127 /
 /// amax)` to nearest even, `s = d * sum(q)` (f16). Same values as llama.cpp's activations.
-fn quantize_row_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    for (((xb, qb), d), s) in x
+fn quantize_row_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], sums: &mut [i32]) {
+    for ((((xb, qb), d), s), sums) in x
         .chunks_exact(32)
         .zip(qs.chunks_exact_mut(32))
         .zip(d.iter_mut())
         .zip(s.iter_mut())
+        .zip(sums.iter_mut())
     {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let dd = amax / 127.0;
@@ -476,50 +730,8 @@ fn quantize_row_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
         }
         *d = f16::from_f32(dd).to_f32();
         *s = f16::from_f32(dd * sum as f32).to_f32();
+        *sums = sum;
     }
-}
-
-/// One row of weight blocks against one quantized activation row (scalar reference of
-/// the AVX2 kernel: exact integer dots, then `d_w * d_x * dot (+ m * s)` per block).
-fn vec_dot_q8_generic(ty: QuantType, row: &[u8], a: Q8Row<'_>) -> f32 {
-    let mut sum = 0f32;
-    match ty {
-        QuantType::Q8_0 => {
-            for ((b, q), &d) in row.chunks_exact(34).zip(a.qs.chunks_exact(32)).zip(a.d) {
-                let dot: i32 = (0..32).map(|j| (b[2 + j] as i8) as i32 * q[j] as i32).sum();
-                sum += f16_at(b, 0) * d * dot as f32;
-            }
-        }
-        QuantType::Q4_0 => {
-            for ((b, q), &d) in row.chunks_exact(18).zip(a.qs.chunks_exact(32)).zip(a.d) {
-                let dot: i32 = (0..16)
-                    .map(|j| {
-                        ((b[2 + j] & 0xF) as i32 - 8) * q[j] as i32
-                            + ((b[2 + j] >> 4) as i32 - 8) * q[j + 16] as i32
-                    })
-                    .sum();
-                sum += f16_at(b, 0) * d * dot as f32;
-            }
-        }
-        QuantType::Q4_1 => {
-            for (((b, q), &d), &s) in row
-                .chunks_exact(20)
-                .zip(a.qs.chunks_exact(32))
-                .zip(a.d)
-                .zip(a.s)
-            {
-                let dot: i32 = (0..16)
-                    .map(|j| {
-                        (b[4 + j] & 0xF) as i32 * q[j] as i32
-                            + (b[4 + j] >> 4) as i32 * q[j + 16] as i32
-                    })
-                    .sum();
-                sum += f16_at(b, 0) * d * dot as f32 + f16_at(b, 2) * s;
-            }
-        }
-        QuantType::Q4K | QuantType::Q6K | QuantType::F16 | QuantType::BF16 => {}
-    }
-    sum
 }
 
 /// AVX2+FMA kernels: f32 dot, half widening, and the integer weight × Q8-activation dot.
@@ -591,102 +803,145 @@ mod x86 {
         total
     }
 
-    /// Eight i32 partial sums of `w · x` for one 32-block (exact). `K`: 0 = Q8_0, 1 = Q4_0,
-    /// 2 = Q4_1; `b` points at the block.
+    /// `acc += u · s` per i32 lane over 4 byte pairs (u unsigned, s signed). Exact for the
+    /// operands used here: 4-bit weights, or the sign trick (|u| <= 128, |s| <= 127), keep
+    /// every pair sum inside i16 for the AVX2 `maddubs` form.
     #[inline(always)]
-    unsafe fn block_idot<const K: u8>(b: *const u8, x: __m256i) -> __m256i {
-        let w = if K == 0 {
-            _mm256_loadu_si256(b.add(2) as *const __m256i)
+    unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        if VNNI {
+            _mm256_dpbusd_epi32(acc, u, s)
         } else {
-            let q = _mm_loadu_si128(b.add(if K == 1 { 2 } else { 4 }) as *const __m128i);
-            // Low nibbles are elements 0..16, high nibbles 16..32.
-            let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-            let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-            if K == 1 {
-                _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
-            } else {
-                nib
-            }
-        };
-        let p16 = if K == 2 {
-            // Unsigned nibbles times signed activations: maddubs directly.
-            _mm256_maddubs_epi16(w, x)
-        } else {
-            // Signed × signed: move the sign of w onto x (ggml's trick).
-            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-        };
-        _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
-    }
-
-    /// The block's f16 scale (and, for Q4_1, its f16 `m`) as f32.
-    #[inline(always)]
-    unsafe fn block_dm(b: *const u8) -> (f32, f32) {
-        let bits = std::ptr::read_unaligned(b as *const u32);
-        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
-        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-    }
-
-    #[inline(always)]
-    unsafe fn dot_rows<const ROWS: usize, const K: u8>(
-        rows: [&[u8]; ROWS],
-        a: super::Q8Row<'_>,
-        out: &mut [f32; ROWS],
-    ) {
-        let bytes = [34usize, 18, 20][K as usize];
-        let nb = a.d.len().min(a.s.len()).min(a.qs.len() / 32);
-        for r in rows.iter() {
-            assert!(
-                r.len() >= nb * bytes,
-                "weight row shorter than the activations"
-            );
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+            _mm256_add_epi32(acc, p)
         }
-        let ptrs = rows.map(|r| r.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); ROWS];
-        let mut summs = [0f32; ROWS];
+    }
+
+    /// The 4 activation bytes at `p`, in every i32 lane.
+    #[inline(always)]
+    unsafe fn bcast4(p: *const i8) -> __m256i {
+        _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+    }
+
+    /// One packed row group (see `super::packed`) against `T` activation rows. `K`: 0 = Q8_0,
+    /// 1 = Q4_0, 2 = Q4_1. Lane `k` of every vector is row `k` of the group, so the 8 rows'
+    /// results come out as one vector with no horizontal sums.
+    #[inline(always)]
+    unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
+        group: *const u8,
+        nb: usize,
+        rows: &[super::Q8Row<'_>; 4],
+        out: &mut [[f32; 8]; 4],
+    ) {
+        let gbb = [272usize, 144, 160][K as usize];
+        let hdr = if K == 2 { 32 } else { 16 };
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); T];
         for i in 0..nb {
-            // SAFETY: i < nb bounds the 32-byte activation load and each row's block
-            // (every row holds at least nb blocks, asserted above).
-            let x = _mm256_loadu_si256(a.qs.as_ptr().add(32 * i) as *const __m256i);
-            let dx = *a.d.get_unchecked(i);
-            for ((acc, summ), p) in acc.iter_mut().zip(summs.iter_mut()).zip(ptrs) {
-                let b = p.add(i * bytes);
-                let dot = _mm256_cvtepi32_ps(block_idot::<K>(b, x));
-                let (dw, m) = block_dm(b);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), dot, *acc);
+            // SAFETY (loads below): the caller guarantees `nb` whole group-blocks and that
+            // every activation row holds at least `nb` blocks.
+            let b = group.add(i * gbb);
+            let mut isum = [_mm256_setzero_si256(); T];
+            if K == 0 {
+                for w in 0..8 {
+                    let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
+                    let au = _mm256_sign_epi8(wv, wv);
+                    for t in 0..T {
+                        let x = bcast4(rows[t].qs.as_ptr().add(32 * i + 4 * w));
+                        isum[t] = dot4::<VNNI>(isum[t], au, _mm256_sign_epi8(x, wv));
+                    }
+                }
+            } else {
+                for w in 0..4 {
+                    let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
+                    let lo = _mm256_and_si256(wv, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
+                    for t in 0..T {
+                        let p = rows[t].qs.as_ptr().add(32 * i);
+                        isum[t] = dot4::<VNNI>(isum[t], lo, bcast4(p.add(4 * w)));
+                        isum[t] = dot4::<VNNI>(isum[t], hi, bcast4(p.add(16 + 4 * w)));
+                    }
+                }
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
+            let m = if K == 2 {
+                _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for t in 0..T {
+                let mut dot = isum[t];
+                if K == 1 {
+                    let off = 8 * *rows[t].sum.get_unchecked(i);
+                    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(off));
+                }
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*rows[t].d.get_unchecked(i)));
+                acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[t]);
                 if K == 2 {
-                    *summ += m * *a.s.get_unchecked(i);
+                    let s = _mm256_set1_ps(*rows[t].s.get_unchecked(i));
+                    acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
                 }
             }
         }
-        for ((o, acc), summ) in out.iter_mut().zip(acc).zip(summs) {
-            *o = hsum(acc) + summ;
+        for t in 0..T {
+            _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
         }
     }
 
-    /// `ROWS` weight rows against one activation row: each loaded activation block is used
-    /// `ROWS` times. Every row's arithmetic is identical to the single-row case.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn vec_dot_q8<const ROWS: usize>(
+    #[inline(always)]
+    unsafe fn group_dot_any<const T: usize, const VNNI: bool>(
         ty: QuantType,
-        rows: [&[u8]; ROWS],
-        a: super::Q8Row<'_>,
-        out: &mut [f32; ROWS],
+        group: &[u8],
+        nb: usize,
+        rows: &[super::Q8Row<'_>; 4],
+        out: &mut [[f32; 8]; 4],
     ) {
+        let p = group.as_ptr();
         match ty {
-            QuantType::Q8_0 => dot_rows::<ROWS, 0>(rows, a, out),
-            QuantType::Q4_0 => dot_rows::<ROWS, 1>(rows, a, out),
-            QuantType::Q4_1 => dot_rows::<ROWS, 2>(rows, a, out),
-            _ => {
-                for (o, row) in out.iter_mut().zip(rows) {
-                    *o = super::vec_dot_q8_generic(ty, row, a);
-                }
-            }
+            QuantType::Q8_0 => group_dot::<T, VNNI, 0>(p, nb, rows, out),
+            QuantType::Q4_0 => group_dot::<T, VNNI, 1>(p, nb, rows, out),
+            QuantType::Q4_1 => group_dot::<T, VNNI, 2>(p, nb, rows, out),
+            _ => {}
         }
+    }
+
+    /// The group kernel with AVX-512 VNNI's `vpdpbusd` on 256-bit vectors.
+    #[target_feature(enable = "avx512vnni,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn group_dot_vnni<const T: usize>(
+        ty: QuantType,
+        group: &[u8],
+        nb: usize,
+        rows: &[super::Q8Row<'_>; 4],
+        out: &mut [[f32; 8]; 4],
+    ) {
+        group_dot_any::<T, true>(ty, group, nb, rows, out)
+    }
+
+    /// The group kernel with AVX2 `maddubs` + `madd`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn group_dot_avx2<const T: usize>(
+        ty: QuantType,
+        group: &[u8],
+        nb: usize,
+        rows: &[super::Q8Row<'_>; 4],
+        out: &mut [[f32; 8]; 4],
+    ) {
+        group_dot_any::<T, false>(ty, group, nb, rows, out)
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn has_avx2() -> bool {
+fn has_avx512_vnni() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        has_avx2()
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vl")
+            && std::env::var_os("APHRO_NO_VNNI").is_none()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS.get_or_init(|| {
         is_x86_feature_detected!("avx2")
@@ -706,20 +961,6 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     dot_f32_generic(a, b)
 }
 
-#[allow(unsafe_code)]
-fn vec_dot_rows<const R: usize>(ty: QuantType, rows: [&[u8]; R], a: Q8Row<'_>, out: &mut [f32; R]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time above); the
-        // kernel checks that every row covers the activation row.
-        unsafe { x86::vec_dot_q8::<R>(ty, rows, a, out) };
-        return;
-    }
-    for (o, row) in out.iter_mut().zip(rows) {
-        *o = vec_dot_q8_generic(ty, row, a);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -732,6 +973,12 @@ mod tests {
     }
 
     fn random_matrix(ty: QuantType, rows: usize, cols: usize, seed: &mut u64) -> QuantMatrix {
+        let data = random_ggml(ty, rows, cols, seed);
+        QuantMatrix::new(ty, rows, cols, data).expect("consistent sizes")
+    }
+
+    /// Random ggml-layout blocks with sane scales.
+    fn random_ggml(ty: QuantType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
         let (block, bytes) = ty.block_layout();
         let n_blocks = rows * cols / block;
         let mut data = Vec::with_capacity(n_blocks * bytes);
@@ -753,7 +1000,7 @@ mod tests {
                 }
             }
         }
-        QuantMatrix::new(ty, rows, cols, data).expect("consistent sizes")
+        data
     }
 
     #[test]
@@ -872,34 +1119,70 @@ mod tests {
         }
     }
 
-    /// The SIMD dot (whatever this CPU dispatches to) agrees with the scalar reference,
-    /// for single rows and 4-row tiles.
+    /// Every SIMD group kernel this CPU can run (AVX2, AVX-512 VNNI) gives bit-for-bit the
+    /// scalar reference's results, for every token-tile width and for row counts that
+    /// leave a padded last group.
     #[test]
-    fn simd_dot_matches_scalar() {
+    #[allow(unsafe_code)]
+    fn simd_group_kernels_equal_scalar() {
         let mut seed = 19u64;
         for ty in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
-            for cols in [32, 64, 288, 576] {
-                let m = random_matrix(ty, 4, cols, &mut seed);
-                let x = random_x(cols, &mut seed);
-                let acts = Q8Acts::quantize(&x, 1, cols);
-                let a = acts.row(0);
-                let want: Vec<f32> = (0..4)
-                    .map(|r| vec_dot_q8_generic(ty, m.row(r), a))
-                    .collect();
-                let mut four = [0f32; 4];
-                vec_dot_rows(ty, [0, 1, 2, 3].map(|r| m.row(r)), a, &mut four);
-                for (r, &tiled) in four.iter().enumerate() {
-                    let mut one = [0f32; 1];
-                    vec_dot_rows(ty, [m.row(r)], a, &mut one);
-                    assert_eq!(one[0], tiled, "{ty:?} tile differs from single row");
-                    let mag: f32 = want.iter().map(|v| v.abs()).sum();
-                    assert!(
-                        (one[0] - want[r]).abs() <= 1e-5 * (1.0 + mag),
-                        "{ty:?} cols={cols} r={r}: {} vs {}",
-                        one[0],
-                        want[r]
-                    );
+            for (rows, cols) in [(8, 32), (13, 64), (16, 288), (5, 576)] {
+                let m = random_matrix(ty, rows, cols, &mut seed);
+                let nb = cols / 32;
+                let x = random_x(4 * cols, &mut seed);
+                let acts = Q8Acts::quantize(&x, 4, cols);
+                let a = [0, 1, 2, 3].map(|t| acts.row(t));
+                let gbb = packed::group_block_bytes(ty);
+                for g in 0..rows.div_ceil(GROUP) {
+                    let group = &m.data[g * nb * gbb..(g + 1) * nb * gbb];
+                    let want: Vec<[f32; GROUP]> = (0..4)
+                        .map(|t| group_dot_scalar(ty, group, nb, a[t]))
+                        .collect();
+                    let check = |name: &str, got: &[[f32; GROUP]; 4], n: usize| {
+                        for t in 0..n {
+                            assert_eq!(got[t], want[t], "{ty:?} {name} T={n} g={g} t={t}");
+                        }
+                    };
+                    let mut got = [[0f32; GROUP]; 4];
+                    group_dot::<4>(ty, group, a, &mut got);
+                    check("dispatch", &got, 4);
+                    group_dot::<1>(ty, group, a, &mut got);
+                    check("dispatch", &got, 1);
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        if has_avx2() {
+                            // SAFETY: AVX2/FMA/F16C present; shapes as in `group_dot`.
+                            unsafe {
+                                x86::group_dot_avx2::<3>(ty, group, nb, &a, &mut got);
+                            }
+                            check("avx2", &got, 3);
+                        }
+                        if has_avx512_vnni() {
+                            // SAFETY: AVX-512 VNNI/VL present; shapes as in `group_dot`.
+                            unsafe {
+                                x86::group_dot_vnni::<2>(ty, group, nb, &a, &mut got);
+                            }
+                            check("vnni", &got, 2);
+                        }
+                    }
                 }
+            }
+        }
+    }
+
+    /// Repacking into row groups loses nothing: every row reads back as its ggml bytes.
+    #[test]
+    fn packed_rows_read_back_as_ggml() {
+        let mut seed = 3u64;
+        for ty in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
+            let (rows, cols) = (11, 96);
+            let raw = random_ggml(ty, rows, cols, &mut seed);
+            let m = QuantMatrix::new(ty, rows, cols, raw.clone()).expect("valid");
+            assert_ne!(m.data[..raw.len()], raw[..], "{ty:?} is repacked");
+            let rb = m.row_bytes();
+            for r in 0..rows {
+                assert_eq!(&raw[r * rb..(r + 1) * rb], &m.row(r)[..], "{ty:?} row {r}");
             }
         }
     }

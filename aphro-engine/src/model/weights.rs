@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use aphro_core::gguf::{GgmlType, GgufFile, GgufTensorInfo};
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use super::config::LlamaConfig;
 use super::quant::{dequantize_into, QuantMatrix, QuantType};
@@ -98,7 +99,14 @@ impl GgufWeights {
         Self { file, cfg }
     }
 
-    fn load(&self, info: &GgufTensorInfo, keep_quant: bool) -> Result<HostTensor, ModelError> {
+    /// Tensor `info`; `heads` undoes llama.cpp's Q/K row permutation for that many heads
+    /// (on the ggml rows, before any repacking or dequantization).
+    fn load(
+        &self,
+        info: &GgufTensorInfo,
+        keep_quant: bool,
+        heads: Option<usize>,
+    ) -> Result<HostTensor, ModelError> {
         let bytes = self.file.tensor_data(info);
         let n = info.n_elements() as usize;
         // GGUF dims are fastest-first; HF shape is the reverse.
@@ -109,21 +117,21 @@ impl GgufWeights {
                     .chunks_exact(4)
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .collect();
-                return Ok(HostTensor::F32 { shape, data });
+                return Ok(f32_tensor(shape, data, heads));
             }
             GgmlType::F16 => {
                 let data = bytes
                     .chunks_exact(2)
                     .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
                     .collect();
-                return Ok(HostTensor::F32 { shape, data });
+                return Ok(f32_tensor(shape, data, heads));
             }
             GgmlType::BF16 => {
                 let data = bytes
                     .chunks_exact(2)
                     .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
                     .collect();
-                return Ok(HostTensor::F32 { shape, data });
+                return Ok(f32_tensor(shape, data, heads));
             }
             GgmlType::Q8_0 => QuantType::Q8_0,
             GgmlType::Q4_0 => QuantType::Q4_0,
@@ -139,16 +147,23 @@ impl GgufWeights {
         };
         let cols = info.dims.first().copied().unwrap_or(1) as usize;
         let rows = n / cols.max(1);
-        let q = QuantMatrix::new(quant, rows, cols, bytes.to_vec())
+        QuantMatrix::check_size(quant, rows, cols, bytes.len())
             .map_err(|e| ModelError::Weights(format!("{}: {e}", info.name)))?;
+        let row_bytes = bytes.len() / rows.max(1);
+        let bytes = match heads {
+            Some(h) => std::borrow::Cow::Owned(unpermute_rows(bytes, row_bytes, h)),
+            None => std::borrow::Cow::Borrowed(bytes),
+        };
         // The K-quants have no fused kernel: dequantize them at load.
         if keep_quant && quant.has_fused_kernel() {
+            let q = QuantMatrix::new(quant, rows, cols, bytes.into_owned())
+                .map_err(|e| ModelError::Weights(format!("{}: {e}", info.name)))?;
             Ok(HostTensor::Quant(q))
         } else {
             let mut data = vec![0f32; n];
-            for r in 0..rows {
-                dequantize_into(quant, q.row(r), &mut data[r * cols..(r + 1) * cols]);
-            }
+            data.par_chunks_mut(cols.max(1))
+                .zip(bytes.par_chunks(row_bytes.max(1)))
+                .for_each(|(o, b)| dequantize_into(quant, b, o));
             Ok(HostTensor::F32 { shape, data })
         }
     }
@@ -162,7 +177,6 @@ impl WeightSource for GgufWeights {
         let Some(info) = self.file.tensor_info(&g) else {
             return Ok(None);
         };
-        let t = self.load(info, keep_quant)?;
         let heads = if g.ends_with("attn_q.weight") || g.ends_with("attn_q.bias") {
             Some(self.cfg.num_heads)
         } else if g.ends_with("attn_k.weight") || g.ends_with("attn_k.bias") {
@@ -170,28 +184,19 @@ impl WeightSource for GgufWeights {
         } else {
             None
         };
-        let Some(heads) = heads.filter(|_| self.cfg.gguf_qk_permuted()) else {
-            return Ok(Some(t));
-        };
-        Ok(Some(match t {
-            HostTensor::F32 { shape, data } => {
-                let row_len = if shape.len() == 2 { shape[1] } else { 1 };
-                let data = unpermute_rows(&data, row_len, heads);
-                HostTensor::F32 { shape, data }
-            }
-            HostTensor::Quant(q) => {
-                let mut raw = Vec::with_capacity(q.size_bytes());
-                for r in 0..q.rows {
-                    raw.extend_from_slice(q.row(r));
-                }
-                let raw = unpermute_rows(&raw, q.row_bytes(), heads);
-                HostTensor::Quant(
-                    QuantMatrix::new(q.ty, q.rows, q.cols, raw)
-                        .map_err(|e| ModelError::Weights(e.to_string()))?,
-                )
-            }
-        }))
+        let heads = heads.filter(|_| self.cfg.gguf_qk_permuted());
+        self.load(info, keep_quant, heads).map(Some)
     }
+}
+
+/// An f32 tensor, with llama.cpp's Q/K row permutation undone for `heads` heads.
+fn f32_tensor(shape: Vec<usize>, data: Vec<f32>, heads: Option<usize>) -> HostTensor {
+    let Some(heads) = heads else {
+        return HostTensor::F32 { shape, data };
+    };
+    let row_len = if shape.len() == 2 { shape[1] } else { 1 };
+    let data = unpermute_rows(&data, row_len, heads);
+    HostTensor::F32 { shape, data }
 }
 
 /// HF safetensors: `model.safetensors`, or shards listed in `model.safetensors.index.json`.
