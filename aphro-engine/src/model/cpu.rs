@@ -89,13 +89,22 @@ pub fn paged_attention(
         }
     }
     let group = h / kvh;
+    // Few (row, KV head) tasks (decode) would leave threads idle: then one task per query
+    // head, each re-reading its KV head's rows (they stay in cache).
+    let heads_per_task = if tokens * kvh < 2 * rayon::current_num_threads() {
+        1
+    } else {
+        group
+    };
     let mut out = vec![0f32; tokens * qdim];
     let task = |(t, acc): (usize, &mut [f32])| {
-        let (row, kv_head) = (t / kvh, t % kvh);
+        let tasks_per_row = h / heads_per_task;
+        let (row, first_head) = (t / tasks_per_row, (t % tasks_per_row) * heads_per_task);
         if let Some((si, i)) = owner[row] {
             let s = &seqs[si];
-            let q0 = row * qdim + kv_head * group * d;
-            let qg = &q[q0..q0 + group * d];
+            let q0 = row * qdim + first_head * d;
+            let qg = &q[q0..q0 + heads_per_task * d];
+            let kv_head = first_head / group;
             attend(
                 qg,
                 k_cache,
@@ -108,12 +117,9 @@ pub fn paged_attention(
             );
         }
     };
-    let chunk = group * d;
-    if tokens * kvh >= 4 {
-        out.par_chunks_mut(chunk).enumerate().for_each(task);
-    } else {
-        out.chunks_mut(chunk).enumerate().for_each(task);
-    }
+    out.par_chunks_mut(heads_per_task * d)
+        .enumerate()
+        .for_each(task);
     out
 }
 
@@ -172,17 +178,27 @@ fn attend_body(
     let bs = shape.block_size.max(1);
     let group = qg.len() / d.max(1);
     // Offsets of this KV head's row at each position, block by block.
-    let offsets = || {
-        s.block_table
-            .iter()
-            .flat_map(move |&b| (0..bs).map(move |o| (b as usize * bs + o) * kv_w + kv_head * d))
-            .take(ctx)
-    };
+    let offsets: Vec<usize> = s
+        .block_table
+        .iter()
+        .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * kv_w + kv_head * d))
+        .take(ctx)
+        .collect();
+    let ctx = offsets.len();
     let mut scores = vec![0f32; group * ctx];
-    for (p, off) in offsets().enumerate() {
-        let k = &kc[off..off + d];
-        for j in 0..group {
-            scores[j * ctx + p] = dot(&qg[j * d..(j + 1) * d], k) * shape.scale;
+    for j in 0..group {
+        let qj = &qg[j * d..(j + 1) * d];
+        let sc = &mut scores[j * ctx..(j + 1) * ctx];
+        // Eight keys at a time: eight independent accumulation chains instead of one. The
+        // last partial tile repeats its final key, so every score comes from the same code.
+        for (tile, out) in offsets.chunks(8).zip(sc.chunks_mut(8)) {
+            let ks: [&[f32]; 8] = std::array::from_fn(|i| {
+                let off = tile[i.min(tile.len() - 1)];
+                &kc[off..off + d]
+            });
+            for (o, v) in out.iter_mut().zip(dot8(qj, ks)) {
+                *o = v * shape.scale;
+            }
         }
     }
     for sc in scores.chunks_exact_mut(ctx.max(1)) {
@@ -195,28 +211,80 @@ fn attend_body(
         let inv = 1.0 / sum;
         sc.iter_mut().for_each(|v| *v *= inv);
     }
-    for (p, off) in offsets().enumerate() {
+    for (p, &off) in offsets.iter().enumerate() {
         let v = &vc[off..off + d];
         for j in 0..group {
             let w = scores[j * ctx + p];
             for (a, &x) in out[j * d..(j + 1) * d].iter_mut().zip(v) {
-                *a += w * x;
+                *a = w.mul_add(x, *a);
             }
         }
     }
 }
 
-/// Dot product with eight independent lanes (vectorizes inside the AVX2 wrapper).
+/// Eight dot products of `q` with the rows `ks` (each at least `q.len()` long).
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
+#[allow(unsafe_code)]
+fn dot8(q: &[f32], ks: [&[f32]; 8]) -> [f32; 8] {
+    let d = q.len();
+    assert!(
+        ks.iter().all(|k| k.len() >= d),
+        "key rows shorter than the query"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::quant::has_avx2() {
+        // SAFETY: AVX2/FMA present (checked at run time); every row holds `d` values.
+        return unsafe { dot8_avx2(q, &ks) };
+    }
+    std::array::from_fn(|i| {
+        let mut acc = [0f32; 8];
+        let (qc, kc) = (q.chunks_exact(8), ks[i][..d].chunks_exact(8));
+        let tail: f32 = qc
+            .remainder()
+            .iter()
+            .zip(kc.remainder())
+            .map(|(a, b)| a * b)
+            .sum();
+        for (a, b) in qc.zip(kc) {
+            for l in 0..8 {
+                acc[l] = a[l].mul_add(b[l], acc[l]);
+            }
+        }
+        ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
+    })
+}
+
+/// [`dot8`] with one FMA chain per row and a transposing horizontal reduction.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(unsafe_code)]
+unsafe fn dot8_avx2(q: &[f32], ks: &[&[f32]; 8]) -> [f32; 8] {
+    use std::arch::x86_64::*;
+    let d = q.len();
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut c = 0;
+    // SAFETY (loads): c + 8 <= d and every row holds at least d values (caller).
+    while c + 8 <= d {
+        let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+        for (a, k) in acc.iter_mut().zip(ks) {
+            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.as_ptr().add(c)), *a);
+        }
+        c += 8;
+    }
+    let s01 = _mm256_hadd_ps(acc[0], acc[1]);
+    let s23 = _mm256_hadd_ps(acc[2], acc[3]);
+    let s45 = _mm256_hadd_ps(acc[4], acc[5]);
+    let s67 = _mm256_hadd_ps(acc[6], acc[7]);
+    let s0123 = _mm256_hadd_ps(s01, s23);
+    let s4567 = _mm256_hadd_ps(s45, s67);
+    let lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+    let hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(lo, hi));
+    if c < d {
+        for (o, k) in out.iter_mut().zip(ks) {
+            *o += (c..d).map(|x| q[x] * k[x]).sum::<f32>();
         }
     }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    out
 }

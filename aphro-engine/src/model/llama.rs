@@ -48,6 +48,22 @@ impl<B: EngineOps> Linear<B> {
         }
     }
 
+    /// Several projections of the same input; quantized ones share one kernel launch.
+    pub fn forward_many<const N: usize>(ls: [&Self; N], x: Tensor<B, 2>) -> [Tensor<B, 2>; N] {
+        let quant: Vec<&QuantMatrix> = ls
+            .iter()
+            .filter_map(|l| match l {
+                Linear::Quant(q) => Some(q.as_ref()),
+                Linear::Dense { .. } => None,
+            })
+            .collect();
+        if quant.len() == N {
+            let mut outs = B::quantized_matmul_many(unwrap(x), &quant).into_iter();
+            return std::array::from_fn(|_| wrap(outs.next().expect("one output per matrix")));
+        }
+        ls.map(|l| l.forward(x.clone()))
+    }
+
     /// Rows `ids` as f32 (the embedding lookup).
     fn rows_of(&self, ids: &[u32], device: &B::Device) -> Tensor<B, 2> {
         match self {
@@ -366,9 +382,7 @@ impl<B: EngineOps> Llama<B> {
         snap(&x, "embed".into(), &mut trace);
         for (l, layer) in self.layers.iter().enumerate() {
             let hn = self.rms_norm(x.clone(), &layer.attn_norm);
-            let mut q = layer.q.forward(hn.clone());
-            let mut k = layer.k.forward(hn.clone());
-            let mut v = layer.v.forward(hn);
+            let [mut q, mut k, mut v] = Linear::forward_many([&layer.q, &layer.k, &layer.v], hn);
             if let Some(b) = &layer.q_bias {
                 q = q + b.clone().unsqueeze();
             }
@@ -400,8 +414,7 @@ impl<B: EngineOps> Llama<B> {
             v_cache[l] = Some(vc);
             x = x + layer.o.forward(attn);
             let hn = self.rms_norm(x.clone(), &layer.ffn_norm);
-            let g = layer.gate.forward(hn.clone());
-            let u = layer.up.forward(hn);
+            let [g, u] = Linear::forward_many([&layer.gate, &layer.up], hn);
             x = x + layer.down.forward(wrap(B::swiglu(unwrap(g), unwrap(u))));
             snap(&x, format!("layer.{l}"), &mut trace);
         }

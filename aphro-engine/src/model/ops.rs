@@ -89,6 +89,15 @@ pub trait EngineOps: Backend {
         reference::quantized_matmul::<Self>(x, w)
     }
 
+    /// Several block-quantized matrices applied to the same `x` (q/k/v, gate/up), each
+    /// result equal to [`Self::quantized_matmul`]'s. CPU backends quantize `x` once and run
+    /// all the rows in one parallel loop.
+    fn quantized_matmul_many(x: FloatTensor<Self>, ws: &[&QuantMatrix]) -> Vec<FloatTensor<Self>> {
+        ws.iter()
+            .map(|w| Self::quantized_matmul(x.clone(), w))
+            .collect()
+    }
+
     /// `x W^T` for a dense `W: [rows, cols]`.
     fn dense_matmul(x: FloatTensor<Self>, w: &FloatTensor<Self>) -> FloatTensor<Self> {
         reference::dense_matmul::<Self>(x, w)
@@ -293,6 +302,16 @@ impl EngineOps for Flex {
         let [tokens, _] = dims2(&x);
         let x = f32_data(&x);
         flex_from(w.matmul(&x, tokens), [tokens, w.rows])
+    }
+
+    fn quantized_matmul_many(x: FlexTensor, ws: &[&QuantMatrix]) -> Vec<FlexTensor> {
+        let [tokens, _] = dims2(&x);
+        let x = f32_data(&x);
+        QuantMatrix::matmul_many(ws, &x, tokens)
+            .into_iter()
+            .zip(ws)
+            .map(|(y, w)| flex_from(y, [tokens, w.rows]))
+            .collect()
     }
 
     fn dense_matmul(x: FlexTensor, w: &FlexTensor) -> FlexTensor {

@@ -275,53 +275,88 @@ impl QuantMatrix {
     /// Row groups are split across the rayon pool; every output element is computed by the
     /// same arithmetic whatever `tokens` is, so results do not depend on batch composition.
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
-        let cols = self.cols;
-        debug_assert_eq!(x.len(), tokens * cols);
+        debug_assert_eq!(x.len(), tokens * self.cols);
         if !self.ty.has_fused_kernel() {
             return self.matmul_dequantizing(x, tokens);
         }
+        let acts = Q8Acts::quantize(x, tokens, self.cols);
+        Self::fused_matmuls(&[self], &acts, tokens)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Several matrices applied to the same input (a layer's q/k/v, or gate/up): the input
+    /// is quantized once and all their row groups share one parallel loop. Each result is
+    /// exactly what [`Self::matmul`] gives.
+    pub fn matmul_many(mats: &[&QuantMatrix], x: &[f32], tokens: usize) -> Vec<Vec<f32>> {
+        let cols = mats.first().map_or(0, |m| m.cols);
+        let fusable = mats
+            .iter()
+            .all(|m| m.ty.has_fused_kernel() && m.cols == cols);
+        if !fusable || x.len() != tokens * cols {
+            return mats.iter().map(|m| m.matmul(x, tokens)).collect();
+        }
         let acts = Q8Acts::quantize(x, tokens, cols);
+        Self::fused_matmuls(mats, &acts, tokens)
+    }
+
+    /// `[tokens, rows]` results of fused-format matrices against quantized activations.
+    fn fused_matmuls(mats: &[&QuantMatrix], acts: &Q8Acts, tokens: usize) -> Vec<Vec<f32>> {
+        let mut outs: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.rows * tokens]).collect();
+        let total_groups: usize = mats.iter().map(|m| m.rows.div_ceil(GROUP)).sum();
+        let groups_per_task = (total_groups / (rayon::current_num_threads() * 8)).clamp(1, 8);
+        // (matrix, first group, output rows of those groups), over every matrix.
+        let mut tasks: Vec<(&QuantMatrix, usize, &mut [f32])> = Vec::new();
+        for (m, out) in mats.iter().zip(outs.iter_mut()) {
+            for (i, chunk) in out.chunks_mut(tokens * GROUP * groups_per_task).enumerate() {
+                tasks.push((m, i * groups_per_task, chunk));
+            }
+        }
+        let run =
+            |(m, g0, out): (&QuantMatrix, usize, &mut [f32])| m.fill_groups(acts, g0, out, tokens);
+        if tasks.len() > 1 {
+            tasks.into_par_iter().for_each(run);
+        } else {
+            tasks.into_iter().for_each(run);
+        }
+        for (m, out) in mats.iter().zip(outs.iter_mut()) {
+            if tokens > 1 {
+                *out = transpose(out, m.rows, tokens);
+            }
+        }
+        outs
+    }
+
+    /// Rows of groups `g0..` into `out` (`[rows, tokens]`, as many groups as it holds).
+    fn fill_groups(&self, acts: &Q8Acts, g0: usize, out: &mut [f32], tokens: usize) {
         let nb = self.blocks_per_row();
         let gbb = packed::group_block_bytes(self.ty);
-        let groups = self.rows.div_ceil(GROUP);
-        let groups_per_task = (groups / (rayon::current_num_threads() * 8)).clamp(1, 8);
-        let mut out_t = vec![0f32; self.rows * tokens];
-        out_t
-            .par_chunks_mut(tokens * GROUP * groups_per_task)
-            .enumerate()
-            .for_each(|(task, out)| {
-                let g0 = task * groups_per_task;
-                for (gi, out) in out.chunks_mut(tokens * GROUP).enumerate() {
-                    let g = g0 + gi;
-                    let group = &self.data[g * nb * gbb..(g + 1) * nb * gbb];
-                    // Up to four tokens share each unpacked weight vector; the group (a few
-                    // KiB) stays in L1 across the batch's tokens.
-                    let mut t = 0;
-                    while t < tokens {
-                        let n = (tokens - t).min(4);
-                        let mut res = [[0f32; GROUP]; 4];
-                        let rows = [0, 1, 2, 3].map(|i| acts.row((t + i).min(tokens - 1)));
-                        match n {
-                            4 => group_dot::<4>(self.ty, group, rows, &mut res),
-                            3 => group_dot::<3>(self.ty, group, rows, &mut res),
-                            2 => group_dot::<2>(self.ty, group, rows, &mut res),
-                            _ => group_dot::<1>(self.ty, group, rows, &mut res),
+        for (gi, out) in out.chunks_mut(tokens * GROUP).enumerate() {
+            let g = g0 + gi;
+            let group = &self.data[g * nb * gbb..(g + 1) * nb * gbb];
+            // Up to four tokens share each unpacked weight vector; the group (a few KiB)
+            // stays in L1 across the batch's tokens.
+            let mut t = 0;
+            while t < tokens {
+                let n = (tokens - t).min(4);
+                let mut res = [[0f32; GROUP]; 4];
+                let rows = [0, 1, 2, 3].map(|i| acts.row((t + i).min(tokens - 1)));
+                match n {
+                    4 => group_dot::<4>(self.ty, group, rows, &mut res),
+                    3 => group_dot::<3>(self.ty, group, rows, &mut res),
+                    2 => group_dot::<2>(self.ty, group, rows, &mut res),
+                    _ => group_dot::<1>(self.ty, group, rows, &mut res),
+                }
+                for (i, res) in res[..n].iter().enumerate() {
+                    for (k, &v) in res.iter().enumerate() {
+                        if let Some(o) = out.get_mut(k * tokens + t + i) {
+                            *o = v;
                         }
-                        for (i, res) in res[..n].iter().enumerate() {
-                            for (k, &v) in res.iter().enumerate() {
-                                if let Some(o) = out.get_mut(k * tokens + t + i) {
-                                    *o = v;
-                                }
-                            }
-                        }
-                        t += n;
                     }
                 }
-            });
-        if tokens == 1 {
-            return out_t;
+                t += n;
+            }
         }
-        transpose(&out_t, self.rows, tokens)
     }
 
     /// K-quants and 16-bit floats: dequantize a row at a time and use f32 dots.
@@ -1168,6 +1203,28 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Matrices sharing an input in one parallel loop give exactly the separate results,
+    /// also when one of them has no fused kernel (then each runs alone).
+    #[test]
+    fn matmul_many_equals_separate_matmuls() {
+        let mut seed = 41u64;
+        let cols = 96;
+        let q = random_matrix(QuantType::Q4_1, 19, cols, &mut seed);
+        let k = random_matrix(QuantType::Q8_0, 8, cols, &mut seed);
+        let v = random_matrix(QuantType::Q4_0, 3, cols, &mut seed);
+        let kq = random_matrix(QuantType::Q4K, 4, 256, &mut seed);
+        for tokens in [1, 2, 7] {
+            let x = random_x(tokens * cols, &mut seed);
+            let many = QuantMatrix::matmul_many(&[&q, &k, &v], &x, tokens);
+            for (m, got) in [&q, &k, &v].into_iter().zip(&many) {
+                assert_eq!(got, &m.matmul(&x, tokens), "{:?} tokens={tokens}", m.ty);
+            }
+            let x = random_x(tokens * 256, &mut seed);
+            let mixed = QuantMatrix::matmul_many(&[&kq], &x, tokens);
+            assert_eq!(mixed[0], kq.matmul(&x, tokens));
         }
     }
 
