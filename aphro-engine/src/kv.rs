@@ -213,7 +213,7 @@ impl BlockManager {
         let needed_total = self.blocks_for(new_len);
         let grow = needed_total.saturating_sub(seq.table.len());
         // Writing into a partially filled block that another sequence also references.
-        let cow_idx = (num_computed % self.block_size != 0 && new_len > num_computed)
+        let cow_idx = (!num_computed.is_multiple_of(self.block_size) && new_len > num_computed)
             .then_some(num_computed / self.block_size)
             .filter(|&i| {
                 seq.table

@@ -42,8 +42,14 @@ impl QuantType {
         matches!(self, QuantType::F16 | QuantType::BF16)
     }
 
-    /// Whether the fused kernels handle it (the K-quants are dequantized at load).
+    /// Whether the fused integer kernels handle it (everything but the 16-bit floats).
     pub fn has_fused_kernel(self) -> bool {
+        !self.is_half()
+    }
+
+    /// Whether the packed layout can be turned back into ggml's bytes (not the K-quants,
+    /// whose super-block scales are expanded to one f32 scale per 16/32 values).
+    fn packs_losslessly(self) -> bool {
         matches!(self, QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1)
     }
 }
@@ -94,20 +100,24 @@ pub const GROUP: usize = 8;
 
 /// The row-interleaved layout of the fused formats. Group `g` holds rows `8g..8g+8` (the
 /// last group zero-padded), its blocks in column order; one group-block is
-/// `8 × ggml block bytes`: the 8 rows' f16 scales `d` (16 bytes), for Q4_1 their f16 `m`
-/// (16 bytes), then the quants as 32-byte words-vectors: vector `w` holds, for row `k` in
-/// lane `k`, bytes `4w..4w+4` of that row's ggml quants. For Q8_0 those are columns
-/// `4w..4w+4`; for Q4_0/Q4_1 the low nibbles are columns `4w..4w+4` and the high nibbles
-/// `16+4w..16+4w+4`.
+/// the 8 rows' scales (see [`packed::header_bytes`]), then the quants as 32-byte vectors:
+/// vector `w` holds, for row `k` in lane `k`, bytes `4w..4w+4` of that row's quants. For
+/// the 8-bit forms those are columns `4w..4w+4`; for the 4-bit ones the low nibbles are
+/// columns `4w..4w+4` and the high nibbles `16+4w..16+4w+4` (ggml's Q4_0 order; Q4_K
+/// nibbles are reordered to it). Q8_0/Q4_0/Q4_1 keep ggml's bytes exactly; the K-quants'
+/// per-super-block scales are multiplied out into f32 (`d * sc` exactly as ggml's
+/// dequantization computes them), so they dequantize to the same floats.
 pub mod packed {
     use super::QuantType;
 
-    /// Bytes of the scale header of one group-block.
+    /// Bytes of the scale header of one group-block (32 columns of 8 rows): f16 `d` (and
+    /// `m`) for the classic formats; for Q4_K eight f32 `d*sc` then eight f32 `-dmin*m`
+    /// per 32 values, for Q6_K eight f32 `d*sc` for columns 0..16 then eight for 16..32.
     pub fn header_bytes(ty: QuantType) -> usize {
-        if ty == QuantType::Q4_1 {
-            32
-        } else {
-            16
+        match ty {
+            QuantType::Q4_1 => 32,
+            QuantType::Q4K | QuantType::Q6K => 64,
+            _ => 16,
         }
     }
 
@@ -120,17 +130,19 @@ pub mod packed {
         }
     }
 
-    /// Quant bytes per row-block (32 for Q8_0, 16 for the 4-bit formats).
+    /// Quant bytes per row and 32 columns (32 for the 8-bit forms — Q8_0, and Q6_K stored
+    /// as `q - 32` in i8 —, 16 nibble bytes for the 4-bit formats).
     pub fn qs_bytes(ty: QuantType) -> usize {
-        if ty == QuantType::Q8_0 {
+        if matches!(ty, QuantType::Q8_0 | QuantType::Q6K) {
             32
         } else {
             16
         }
     }
 
+    /// Bytes of one group-block: 8 rows × 32 columns.
     pub fn group_block_bytes(ty: QuantType) -> usize {
-        ty.block_layout().1 * super::GROUP
+        header_bytes(ty) + super::GROUP * qs_bytes(ty)
     }
 }
 
@@ -176,7 +188,7 @@ impl QuantMatrix {
         len: usize,
     ) -> Result<(), QuantError> {
         let (block, _) = ty.block_layout();
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(QuantError::RowNotBlockAligned { ty, cols, block });
         }
         let want = rows * Self::row_bytes_for(ty, cols);
@@ -218,15 +230,20 @@ impl QuantMatrix {
         Self::row_bytes_for(self.ty, self.cols)
     }
 
+    /// 32-column blocks per row of the packed layout.
     fn blocks_per_row(&self) -> usize {
-        self.cols / self.ty.block_layout().0
+        self.cols / 32
     }
 
-    /// Row `r` in ggml's layout (gathered from the interleaved groups for fused formats).
-    pub fn row(&self, r: usize) -> std::borrow::Cow<'_, [u8]> {
+    /// Row `r` in ggml's layout (gathered from the interleaved groups), or `None` for the
+    /// K-quants, whose packed form keeps values but not ggml's super-block encoding.
+    pub fn row(&self, r: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
         let rb = self.row_bytes();
         if !self.ty.has_fused_kernel() {
-            return std::borrow::Cow::Borrowed(&self.data[r * rb..(r + 1) * rb]);
+            return Some(std::borrow::Cow::Borrowed(&self.data[r * rb..(r + 1) * rb]));
+        }
+        if !self.ty.packs_losslessly() {
+            return None;
         }
         let ty = self.ty;
         let (_, bb) = ty.block_layout();
@@ -250,16 +267,47 @@ impl QuantMatrix {
                 o[qoff + 4 * w..qoff + 4 * w + 4].copy_from_slice(&src[at..at + 4]);
             }
         }
-        std::borrow::Cow::Owned(out)
+        Some(std::borrow::Cow::Owned(out))
     }
 
     pub fn size_bytes(&self) -> usize {
         self.data.len()
     }
 
-    /// Dequantize one row into `out` (`cols` values).
+    /// Dequantize one row into `out` (`cols` values): the same floats as ggml's
+    /// dequantization of the original blocks.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        dequantize_into(self.ty, &self.row(r), out);
+        if let Some(row) = self.row(r) {
+            dequantize_into(self.ty, &row, out);
+            return;
+        }
+        // K-quants: `D * q + M` (Q4_K) or `D * q` (Q6_K) from the packed group.
+        let ty = self.ty;
+        let gbb = packed::group_block_bytes(ty);
+        let (g, k) = (r / GROUP, r % GROUP);
+        let nb = self.blocks_per_row();
+        for (i, o) in out.chunks_exact_mut(32).take(nb).enumerate() {
+            let b = &self.data[(g * nb + i) * gbb..(g * nb + i + 1) * gbb];
+            let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            if ty == QuantType::Q4K {
+                let (dd, m) = (f(4 * k), f(32 + 4 * k));
+                for w in 0..4 {
+                    for j in 0..4 {
+                        let q = b[64 + 32 * w + 4 * k + j];
+                        o[4 * w + j] = dd * (q & 0xF) as f32 + m;
+                        o[16 + 4 * w + j] = dd * (q >> 4) as f32 + m;
+                    }
+                }
+            } else {
+                let (lo, hi) = (f(4 * k), f(32 + 4 * k));
+                for w in 0..8 {
+                    let dd = if w < 4 { lo } else { hi };
+                    for j in 0..4 {
+                        o[4 * w + j] = dd * (b[64 + 32 * w + 4 * k + j] as i8) as f32;
+                    }
+                }
+            }
+        }
     }
 
     /// The whole matrix as row-major f32.
@@ -371,7 +419,7 @@ impl QuantMatrix {
                 let r0 = chunk * rows_per_task;
                 let mut buf = vec![0f32; cols];
                 for (i, o) in out.chunks_mut(tokens).enumerate() {
-                    dequantize_into(self.ty, &self.row(r0 + i), &mut buf);
+                    self.dequantize_row(r0 + i, &mut buf);
                     for (t, y) in o.iter_mut().enumerate() {
                         *y = dot_f32(&buf, &x[t * cols..(t + 1) * cols]);
                     }
@@ -386,6 +434,9 @@ impl QuantMatrix {
 
 /// ggml rows → the interleaved groups of [`packed`].
 fn pack(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
+    if !ty.packs_losslessly() {
+        return pack_kquant(ty, rows, cols, src);
+    }
     let (block, bb) = ty.block_layout();
     let nb = cols / block;
     let rb = nb * bb;
@@ -420,6 +471,90 @@ fn pack(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
             }
         });
     out
+}
+
+/// Q4_K/Q6_K rows → packed groups: each 32 columns get their f32 scale(s) multiplied out
+/// as ggml's dequantization does (`d * sc`, `dmin * m`) and their quants in the 8-bit or
+/// Q4_0-nibble order of [`packed`].
+fn pack_kquant(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
+    let (block, bb) = ty.block_layout();
+    let nsb = cols / block;
+    let rb = nsb * bb;
+    let nb = cols / 32;
+    let gbb = packed::group_block_bytes(ty);
+    let groups = rows.div_ceil(GROUP);
+    let mut out = vec![0u8; groups * nb * gbb];
+    out.par_chunks_mut((nb * gbb).max(1))
+        .enumerate()
+        .for_each(|(g, dst)| {
+            for k in 0..GROUP {
+                let r = g * GROUP + k;
+                if r >= rows {
+                    break;
+                }
+                let row = &src[r * rb..(r + 1) * rb];
+                for (si, sb) in row.chunks_exact(bb).enumerate() {
+                    for j in 0..8 {
+                        let o = &mut dst[(si * 8 + j) * gbb..(si * 8 + j + 1) * gbb];
+                        let (s0, s1, q) = kquant_block32(ty, sb, j);
+                        o[4 * k..4 * k + 4].copy_from_slice(&s0.to_le_bytes());
+                        o[32 + 4 * k..32 + 4 * k + 4].copy_from_slice(&s1.to_le_bytes());
+                        let words = packed::qs_bytes(ty) / 4;
+                        for w in 0..words {
+                            let at = 64 + 32 * w + 4 * k;
+                            if ty == QuantType::Q4K {
+                                for jj in 0..4 {
+                                    let c = 4 * w + jj;
+                                    o[at + jj] = q[c] | (q[c + 16] << 4);
+                                }
+                            } else {
+                                o[at..at + 4].copy_from_slice(&q[4 * w..4 * w + 4]);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// Columns `32j..32j+32` of a K-quant super-block: Q4_K → (`d*sc`, `-dmin*m`, nibbles 0..16);
+/// Q6_K → (`d*sc` of columns 0..16, of 16..32, `q - 32` as i8 bytes).
+fn kquant_block32(ty: QuantType, b: &[u8], j: usize) -> (f32, f32, [u8; 32]) {
+    let mut q = [0u8; 32];
+    if ty == QuantType::Q4K {
+        let d = f16_at(b, 0);
+        let dmin = f16_at(b, 2);
+        let (sc, m) = q4k_scale_min(j, &b[4..16]);
+        let qs = &b[16 + (j / 2) * 32..16 + (j / 2) * 32 + 32];
+        for (l, q) in q.iter_mut().enumerate() {
+            *q = if j.is_multiple_of(2) {
+                qs[l] & 0xF
+            } else {
+                qs[l] >> 4
+            };
+        }
+        return (d * sc as f32, -(dmin * m as f32), q);
+    }
+    // Q6_K: column e = 128n + 32 quarter + l (l < 32) sits in ql/qh by ggml's layout; its
+    // scale is sc[8n + 2 quarter + l / 16].
+    let d = f16_at(b, 208);
+    let (n, quarter) = (j / 4, j % 4);
+    let ql = &b[n * 64..n * 64 + 64];
+    let qh = &b[128 + n * 32..128 + n * 32 + 32];
+    let sc = &b[192 + n * 8..192 + n * 8 + 8];
+    for (l, q) in q.iter_mut().enumerate() {
+        let low = match quarter {
+            0 => ql[l] & 0xF,
+            1 => ql[l + 32] & 0xF,
+            2 => ql[l] >> 4,
+            _ => ql[l + 32] >> 4,
+        };
+        let high = (qh[l] >> (2 * quarter)) & 3;
+        *q = ((low | (high << 4)) as i32 - 32) as i8 as u8;
+    }
+    let s = |i: usize| d * (sc[2 * quarter + i] as i8) as f32;
+    (s(0), s(1), q)
 }
 
 /// One packed row group against `T` activation rows: `out[t][k]` for the group's 8 rows.
@@ -471,6 +606,21 @@ fn group_dot_scalar(ty: QuantType, group: &[u8], nb: usize, a: Q8Row<'_>) -> [f3
         for (k, acc) in acc.iter_mut().enumerate() {
             let mut dot = 0i32;
             match ty {
+                QuantType::Q6K => {
+                    let f =
+                        |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                    for (half, at) in [(0, 4 * k), (1, 32 + 4 * k)] {
+                        let mut dot = 0i32;
+                        for w in 4 * half..4 * half + 4 {
+                            for j in 0..4 {
+                                let q = b[hdr + 32 * w + 4 * k + j] as i8 as i32;
+                                dot += q * x[4 * w + j] as i32;
+                            }
+                        }
+                        *acc = (f(at) * a.d[i]).mul_add(dot as f32, *acc);
+                    }
+                    continue;
+                }
                 QuantType::Q8_0 => {
                     for w in 0..8 {
                         for j in 0..4 {
@@ -491,6 +641,13 @@ fn group_dot_scalar(ty: QuantType, group: &[u8], nb: usize, a: Q8Row<'_>) -> [f3
                         dot -= 8 * a.sum[i];
                     }
                 }
+            }
+            if ty == QuantType::Q4K {
+                let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                *acc = (f(4 * k) * a.d[i]).mul_add(dot as f32, *acc);
+                // The offset term with the exact activation sum.
+                *acc = f(32 + 4 * k).mul_add(a.d[i] * a.sum[i] as f32, *acc);
+                continue;
             }
             let dw = f16_at(b, 2 * k);
             *acc = (dw * a.d[i]).mul_add(dot as f32, *acc);
@@ -590,6 +747,28 @@ pub fn dequantize_into(ty: QuantType, src: &[u8], out: &mut [f32]) {
             QuantType::F16 | QuantType::BF16 => {}
         }
     }
+}
+
+/// ggml Q5_0 blocks (f16 `d`, 32 high bits, 16 nibble bytes; value `(q - 16) * d`) as
+/// Q8_0 blocks with the same `d` and `q - 16` in i8: the same values, so the Q8_0 kernels
+/// and dequantization serve Q5_0 tensors (llama.cpp's fallback for rows not a multiple of
+/// 256 in K-quant files). A trailing partial block is dropped (sizes are checked after).
+pub fn q5_0_to_q8_0(src: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(src.len() / 22 * 34);
+    for b in src.chunks_exact(22) {
+        out.extend_from_slice(&b[..2]);
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let qs = &b[6..22];
+        let mut q = [0u8; 32];
+        for j in 0..16 {
+            let h0 = ((qh >> j) << 4) & 0x10;
+            let h1 = (qh >> (j + 12)) & 0x10;
+            q[j] = (((qs[j] & 0x0F) as u32 | h0) as i32 - 16) as i8 as u8;
+            q[j + 16] = (((qs[j] >> 4) as u32 | h1) as i32 - 16) as i8 as u8;
+        }
+        out.extend_from_slice(&q);
+    }
+    out
 }
 
 fn q4k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
@@ -858,7 +1037,7 @@ mod x86 {
     }
 
     /// One packed row group (see `super::packed`) against `T` activation rows. `K`: 0 = Q8_0,
-    /// 1 = Q4_0, 2 = Q4_1. Lane `k` of every vector is row `k` of the group, so the 8 rows'
+    /// 1 = Q4_0, 2 = Q4_1, 3 = Q4_K, 4 = Q6_K. Lane `k` of every vector is row `k` of the group, so the 8 rows'
     /// results come out as one vector with no horizontal sums.
     #[inline(always)]
     unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
@@ -867,8 +1046,8 @@ mod x86 {
         rows: &[super::Q8Row<'_>; 4],
         out: &mut [[f32; 8]; 4],
     ) {
-        let gbb = [272usize, 144, 160][K as usize];
-        let hdr = if K == 2 { 32 } else { 16 };
+        let gbb = [272usize, 144, 160, 192, 320][K as usize];
+        let hdr = [16usize, 16, 32, 64, 64][K as usize];
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); T];
         for i in 0..nb {
@@ -876,6 +1055,33 @@ mod x86 {
             // every activation row holds at least `nb` blocks.
             let b = group.add(i * gbb);
             let mut isum = [_mm256_setzero_si256(); T];
+            if K == 4 {
+                // Q6_K: two 16-column halves with their own f32 scales.
+                let mut ihi = [_mm256_setzero_si256(); T];
+                for w in 0..8 {
+                    let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
+                    let au = _mm256_sign_epi8(wv, wv);
+                    for t in 0..T {
+                        let x = bcast4(rows[t].qs.as_ptr().add(32 * i + 4 * w));
+                        let sx = _mm256_sign_epi8(x, wv);
+                        if w < 4 {
+                            isum[t] = dot4::<VNNI>(isum[t], au, sx);
+                        } else {
+                            ihi[t] = dot4::<VNNI>(ihi[t], au, sx);
+                        }
+                    }
+                }
+                let dlo = _mm256_loadu_ps(b as *const f32);
+                let dhi = _mm256_loadu_ps(b.add(32) as *const f32);
+                for t in 0..T {
+                    let dx = _mm256_set1_ps(*rows[t].d.get_unchecked(i));
+                    let lo = _mm256_cvtepi32_ps(isum[t]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dlo, dx), lo, acc[t]);
+                    let hi = _mm256_cvtepi32_ps(ihi[t]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dhi, dx), hi, acc[t]);
+                }
+                continue;
+            }
             if K == 0 {
                 for w in 0..8 {
                     let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
@@ -897,11 +1103,21 @@ mod x86 {
                     }
                 }
             }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i));
-            let m = if K == 2 {
-                _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i))
+            let (dw, m) = if K == 3 {
+                (
+                    _mm256_loadu_ps(b as *const f32),
+                    _mm256_loadu_ps(b.add(32) as *const f32),
+                )
+            } else if K == 2 {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i)),
+                )
             } else {
-                _mm256_setzero_ps()
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i)),
+                    _mm256_setzero_ps(),
+                )
             };
             for t in 0..T {
                 let mut dot = isum[t];
@@ -913,6 +1129,10 @@ mod x86 {
                 acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[t]);
                 if K == 2 {
                     let s = _mm256_set1_ps(*rows[t].s.get_unchecked(i));
+                    acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
+                } else if K == 3 {
+                    let sum = *rows[t].sum.get_unchecked(i) as f32;
+                    let s = _mm256_set1_ps(*rows[t].d.get_unchecked(i) * sum);
                     acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
                 }
             }
@@ -935,6 +1155,8 @@ mod x86 {
             QuantType::Q8_0 => group_dot::<T, VNNI, 0>(p, nb, rows, out),
             QuantType::Q4_0 => group_dot::<T, VNNI, 1>(p, nb, rows, out),
             QuantType::Q4_1 => group_dot::<T, VNNI, 2>(p, nb, rows, out),
+            QuantType::Q4K => group_dot::<T, VNNI, 3>(p, nb, rows, out),
+            QuantType::Q6K => group_dot::<T, VNNI, 4>(p, nb, rows, out),
             _ => {}
         }
     }
@@ -1069,11 +1291,22 @@ mod tests {
     /// with Q4_1's offset through the stored `s` (what the integer kernels compute).
     fn q8_reference(m: &QuantMatrix, acts: &Q8Acts, t: usize, r: usize) -> (f64, f64) {
         let a = acts.row(t);
-        let (_, bytes) = m.ty.block_layout();
         let mut w = vec![0f32; m.cols];
         m.dequantize_row(r, &mut w);
         let (mut sum, mut mag) = (0f64, 0f64);
-        for (i, b) in m.row(r).chunks_exact(bytes).enumerate() {
+        if m.ty != QuantType::Q4_1 {
+            // Every other format: dequantized weights times the exact Q8 activations (Q4_K's
+            // offset term uses the exact activation sum).
+            for (c, &wc) in w.iter().enumerate() {
+                let v = wc as f64 * a.qs[c] as f64 * a.d[c / 32] as f64;
+                sum += v;
+                mag += v.abs();
+            }
+            return (sum, mag);
+        }
+        let (_, bytes) = m.ty.block_layout();
+        let row = m.row(r).expect("Q4_1 rows read back");
+        for (i, b) in row.chunks_exact(bytes).enumerate() {
             for j in 0..32 {
                 let wq = if m.ty == QuantType::Q4_1 {
                     (w[i * 32 + j] - f16_at(b, 2)) as f64
@@ -1104,7 +1337,7 @@ mod tests {
             QuantType::Q4K,
             QuantType::Q6K,
         ] {
-            let shapes: &[(usize, usize)] = if ty.has_fused_kernel() {
+            let shapes: &[(usize, usize)] = if ty.packs_losslessly() {
                 &[(37, 512), (5, 32), (130, 96), (3, 544)]
             } else {
                 &[(37, 512), (9, 256)]
@@ -1161,8 +1394,19 @@ mod tests {
     #[allow(unsafe_code)]
     fn simd_group_kernels_equal_scalar() {
         let mut seed = 19u64;
-        for ty in [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
-            for (rows, cols) in [(8, 32), (13, 64), (16, 288), (5, 576)] {
+        for ty in [
+            QuantType::Q8_0,
+            QuantType::Q4_0,
+            QuantType::Q4_1,
+            QuantType::Q4K,
+            QuantType::Q6K,
+        ] {
+            let shapes: &[(usize, usize)] = if ty.packs_losslessly() {
+                &[(8, 32), (13, 64), (16, 288), (5, 576)]
+            } else {
+                &[(8, 256), (13, 512)]
+            };
+            for &(rows, cols) in shapes {
                 let m = random_matrix(ty, rows, cols, &mut seed);
                 let nb = cols / 32;
                 let x = random_x(4 * cols, &mut seed);
@@ -1216,15 +1460,20 @@ mod tests {
         let k = random_matrix(QuantType::Q8_0, 8, cols, &mut seed);
         let v = random_matrix(QuantType::Q4_0, 3, cols, &mut seed);
         let kq = random_matrix(QuantType::Q4K, 4, 256, &mut seed);
+        let f16m = QuantMatrix::from_f32_half(QuantType::F16, 5, 96, &random_x(5 * 96, &mut seed))
+            .expect("valid");
         for tokens in [1, 2, 7] {
             let x = random_x(tokens * cols, &mut seed);
             let many = QuantMatrix::matmul_many(&[&q, &k, &v], &x, tokens);
             for (m, got) in [&q, &k, &v].into_iter().zip(&many) {
                 assert_eq!(got, &m.matmul(&x, tokens), "{:?} tokens={tokens}", m.ty);
             }
+            let mixed = QuantMatrix::matmul_many(&[&q, &f16m], &x, tokens);
+            assert_eq!(mixed[0], q.matmul(&x, tokens));
+            assert_eq!(mixed[1], f16m.matmul(&x, tokens));
             let x = random_x(tokens * 256, &mut seed);
-            let mixed = QuantMatrix::matmul_many(&[&kq], &x, tokens);
-            assert_eq!(mixed[0], kq.matmul(&x, tokens));
+            let kq_many = QuantMatrix::matmul_many(&[&kq], &x, tokens);
+            assert_eq!(kq_many[0], kq.matmul(&x, tokens));
         }
     }
 
@@ -1239,7 +1488,55 @@ mod tests {
             assert_ne!(m.data[..raw.len()], raw[..], "{ty:?} is repacked");
             let rb = m.row_bytes();
             for r in 0..rows {
-                assert_eq!(&raw[r * rb..(r + 1) * rb], &m.row(r)[..], "{ty:?} row {r}");
+                let back = m.row(r).expect("lossless format");
+                assert_eq!(&raw[r * rb..(r + 1) * rb], &back[..], "{ty:?} row {r}");
+            }
+        }
+    }
+
+    /// Q5_0 → Q8_0 keeps every value: ggml's Q5_0 dequantization, written out here,
+    /// equals the Q8_0 dequantization of the converted blocks.
+    #[test]
+    fn q5_0_converts_to_identical_q8_0() {
+        let mut seed = 29u64;
+        let mut src = Vec::new();
+        for _ in 0..7 {
+            src.extend_from_slice(&f16::from_f32(0.0123).to_le_bytes());
+            src.extend((0..20).map(|_| lcg(&mut seed) as u8));
+        }
+        let q8 = q5_0_to_q8_0(&src);
+        let mut got = vec![0f32; 7 * 32];
+        dequantize_into(QuantType::Q8_0, &q8, &mut got);
+        for (i, b) in src.chunks_exact(22).enumerate() {
+            let d = f16_at(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            for j in 0..16 {
+                let xh0 = ((qh >> j) << 4) & 0x10;
+                let xh1 = (qh >> (j + 12)) & 0x10;
+                let x0 = ((b[6 + j] as u32 & 0x0F) | xh0) as i32 - 16;
+                let x1 = ((b[6 + j] as u32 >> 4) | xh1) as i32 - 16;
+                assert_eq!(got[i * 32 + j], x0 as f32 * d);
+                assert_eq!(got[i * 32 + j + 16], x1 as f32 * d);
+            }
+        }
+    }
+
+    /// The K-quants' packed form dequantizes to exactly ggml's floats.
+    #[test]
+    fn packed_kquants_dequantize_like_ggml() {
+        let mut seed = 13u64;
+        for ty in [QuantType::Q4K, QuantType::Q6K] {
+            let (rows, cols) = (11, 512);
+            let raw = random_ggml(ty, rows, cols, &mut seed);
+            let m = QuantMatrix::new(ty, rows, cols, raw.clone()).expect("valid");
+            assert!(m.row(0).is_none());
+            let rb = raw.len() / rows;
+            for r in 0..rows {
+                let mut want = vec![0f32; cols];
+                dequantize_into(ty, &raw[r * rb..(r + 1) * rb], &mut want);
+                let mut got = vec![0f32; cols];
+                m.dequantize_row(r, &mut got);
+                assert_eq!(got, want, "{ty:?} row {r}");
             }
         }
     }

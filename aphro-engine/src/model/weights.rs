@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::config::LlamaConfig;
-use super::quant::{dequantize_into, QuantMatrix, QuantType};
+use super::quant::{dequantize_into, q5_0_to_q8_0, QuantMatrix, QuantType};
 use super::ModelError;
 
 /// A weight as loaded into host memory.
@@ -133,7 +133,8 @@ impl GgufWeights {
                     .collect();
                 return Ok(f32_tensor(shape, data, heads));
             }
-            GgmlType::Q8_0 => QuantType::Q8_0,
+            // Q5_0's values (q - 16) * d are exactly Q8_0 blocks: converted below.
+            GgmlType::Q8_0 | GgmlType::Q5_0 => QuantType::Q8_0,
             GgmlType::Q4_0 => QuantType::Q4_0,
             GgmlType::Q4_1 => QuantType::Q4_1,
             GgmlType::Q4K => QuantType::Q4K,
@@ -144,6 +145,13 @@ impl GgufWeights {
                     ty: other.to_string(),
                 })
             }
+        };
+        let converted;
+        let bytes: &[u8] = if matches!(info.ggml_type, GgmlType::Q5_0) {
+            converted = q5_0_to_q8_0(bytes);
+            &converted
+        } else {
+            bytes
         };
         let cols = info.dims.first().copied().unwrap_or(1) as usize;
         let rows = n / cols.max(1);
