@@ -362,6 +362,162 @@ mod tests {
         }
     }
 
+    /// A tiny random Llama as a GGUF file whose projections use every block format the
+    /// fused kernels take (Q4_K, Q6_K, Q5_0, Q4_0, Q4_1; Q8_0 embeddings/head).
+    fn tiny_kquant_gguf(path: &Path) {
+        let (dm, ff, heads, kv_heads, vocab, layers) = (256usize, 512, 4usize, 2usize, 64, 2);
+        let mut seed = 5u64;
+        let mut byte = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u8
+        };
+        let f16b = |v: f32| half::f16::from_f32(v).to_le_bytes();
+        // (ggml type id, elements per block, bytes per block, offsets of f16 scales).
+        let layout = |ty: u32| -> (usize, usize, Vec<(usize, f32)>) {
+            match ty {
+                2 => (32, 18, vec![(0, 0.004)]),
+                3 => (32, 20, vec![(0, 0.004), (2, -0.03)]),
+                6 => (32, 22, vec![(0, 0.004)]),
+                8 => (32, 34, vec![(0, 0.002)]),
+                12 => (256, 144, vec![(0, 0.0003), (2, 0.0002)]),
+                14 => (256, 210, vec![(208, 0.0002)]),
+                _ => (1, 4, vec![]),
+            }
+        };
+        let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
+        let mut add = |name: String, cols: usize, rows: usize, ty: u32| {
+            let (block, bytes, scales) = layout(ty);
+            let mut data = Vec::new();
+            if ty == 0 {
+                for _ in 0..cols * rows {
+                    data.extend_from_slice(
+                        &(1.0f32 + (byte() as f32 - 128.0) / 512.0).to_le_bytes(),
+                    );
+                }
+            } else {
+                for _ in 0..cols * rows / block {
+                    let start = data.len();
+                    data.extend((0..bytes).map(|_| byte()));
+                    for &(at, v) in &scales {
+                        data[start + at..start + at + 2].copy_from_slice(&f16b(v));
+                    }
+                }
+            }
+            let dims = if rows == 1 {
+                vec![cols as u64]
+            } else {
+                vec![cols as u64, rows as u64]
+            };
+            tensors.push((name, dims, ty, data));
+        };
+        let kv = kv_heads * dm / heads;
+        add("token_embd.weight".into(), dm, vocab, 8);
+        add("output_norm.weight".into(), dm, 1, 0);
+        for l in 0..layers {
+            let p = |n: &str| format!("blk.{l}.{n}.weight");
+            add(p("attn_norm"), dm, 1, 0);
+            add(p("ffn_norm"), dm, 1, 0);
+            add(p("attn_q"), dm, dm, 12);
+            add(p("attn_k"), dm, kv, 6);
+            add(p("attn_v"), dm, kv, 14);
+            add(p("attn_output"), dm, dm, 3);
+            add(p("ffn_gate"), dm, ff, 12);
+            add(p("ffn_up"), dm, ff, 2);
+            add(p("ffn_down"), ff, dm, 14);
+        }
+        let put_str = |b: &mut Vec<u8>, s: &str| {
+            b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        };
+        let ints = [
+            ("llama.embedding_length", dm),
+            ("llama.feed_forward_length", ff),
+            ("llama.block_count", layers),
+            ("llama.attention.head_count", heads),
+            ("llama.attention.head_count_kv", kv_heads),
+            ("llama.vocab_size", vocab),
+            ("llama.context_length", 256),
+        ];
+        let mut b = Vec::new();
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(ints.len() as u64 + 1).to_le_bytes());
+        put_str(&mut b, "general.architecture");
+        b.extend_from_slice(&8u32.to_le_bytes());
+        put_str(&mut b, "llama");
+        for (k, v) in ints {
+            put_str(&mut b, k);
+            b.extend_from_slice(&4u32.to_le_bytes());
+            b.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+        let mut offset = 0u64;
+        for (name, dims, ty, data) in &tensors {
+            put_str(&mut b, name);
+            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in dims {
+                b.extend_from_slice(&d.to_le_bytes());
+            }
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend_from_slice(&offset.to_le_bytes());
+            offset += (data.len() as u64).div_ceil(32) * 32;
+        }
+        for (_, _, _, data) in &tensors {
+            while b.len() % 32 != 0 {
+                b.push(0);
+            }
+            b.extend_from_slice(data);
+        }
+        std::fs::write(path, b).expect("write gguf");
+    }
+
+    /// The fused kernels on K-quant/Q5_0 weights compute what the dequantized f32 model
+    /// does, up to the 8-bit activation rounding; the packed weights dequantize exactly.
+    #[test]
+    fn kquant_gguf_fused_path_tracks_the_f32_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tiny-kquant.gguf");
+        tiny_kquant_gguf(&path);
+        let load = |dtype| {
+            load_flex_runner(&ModelLoadConfig {
+                model_path: path.clone(),
+                dtype,
+                cache_bytes: 1 << 20,
+                block_size: 4,
+                quiet: true,
+                device: Device::Cpu,
+            })
+            .expect("tiny K-quant GGUF loads")
+        };
+        let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 64).collect();
+        let table = [0u32, 1, 2];
+        let f32_logits = run(
+            &mut load(ModelDType::Float32),
+            &prompt,
+            0,
+            &table,
+            LogitsWanted::All,
+        );
+        let fused = run(
+            &mut load(ModelDType::Auto),
+            &prompt,
+            0,
+            &table,
+            LogitsWanted::All,
+        );
+        assert_eq!(fused.len(), 9 * 64);
+        for (row, (a, b)) in fused.chunks(64).zip(f32_logits.chunks(64)).enumerate() {
+            let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            let cos = dot / (na * nb);
+            assert!(cos > 0.999, "row {row}: cosine {cos}");
+            assert!(nb > 1e-3, "row {row}: degenerate logits");
+        }
+    }
+
     /// An `org/name` id resolves to the newest snapshot in the Hub cache.
     #[test]
     fn hub_ids_resolve_to_cached_snapshots() {

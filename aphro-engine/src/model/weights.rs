@@ -162,7 +162,7 @@ impl GgufWeights {
             Some(h) => std::borrow::Cow::Owned(unpermute_rows(bytes, row_bytes, h)),
             None => std::borrow::Cow::Borrowed(bytes),
         };
-        // The K-quants have no fused kernel: dequantize them at load.
+        // Every block format has a fused kernel; `--dtype float32` dequantizes at load.
         if keep_quant && quant.has_fused_kernel() {
             let q = QuantMatrix::new(quant, rows, cols, bytes.into_owned())
                 .map_err(|e| ModelError::Weights(format!("{}: {e}", info.name)))?;
