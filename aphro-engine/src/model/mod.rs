@@ -363,7 +363,7 @@ mod tests {
     }
 
     /// A tiny random Llama as a GGUF file whose projections use every block format the
-    /// fused kernels take (Q4_K, Q6_K, Q5_0, Q4_0, Q4_1; Q8_0 embeddings/head).
+    /// fused kernels take (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1; Q8_0 embeddings/head).
     fn tiny_kquant_gguf(path: &Path) {
         let (dm, ff, heads, kv_heads, vocab, layers) = (256usize, 512, 4usize, 2usize, 64, 2);
         let mut seed = 5u64;
@@ -381,7 +381,9 @@ mod tests {
                 3 => (32, 20, vec![(0, 0.004), (2, -0.03)]),
                 6 => (32, 22, vec![(0, 0.004)]),
                 8 => (32, 34, vec![(0, 0.002)]),
+                7 => (32, 24, vec![(0, 0.002), (2, -0.03)]),
                 12 => (256, 144, vec![(0, 0.0003), (2, 0.0002)]),
+                13 => (256, 176, vec![(0, 0.0002), (2, 0.0002)]),
                 14 => (256, 210, vec![(208, 0.0002)]),
                 _ => (1, 4, vec![]),
             }
@@ -419,10 +421,12 @@ mod tests {
             let p = |n: &str| format!("blk.{l}.{n}.weight");
             add(p("attn_norm"), dm, 1, 0);
             add(p("ffn_norm"), dm, 1, 0);
-            add(p("attn_q"), dm, dm, 12);
+            // Layer 0 and layer 1 use different formats for the same projections.
+            let (q_ty, o_ty) = if l == 0 { (12, 3) } else { (13, 7) };
+            add(p("attn_q"), dm, dm, q_ty);
             add(p("attn_k"), dm, kv, 6);
             add(p("attn_v"), dm, kv, 14);
-            add(p("attn_output"), dm, dm, 3);
+            add(p("attn_output"), dm, dm, o_ty);
             add(p("ffn_gate"), dm, ff, 12);
             add(p("ffn_up"), dm, ff, 2);
             add(p("ffn_down"), ff, dm, 14);

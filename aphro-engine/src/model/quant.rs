@@ -16,7 +16,9 @@ pub enum QuantType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_1,
     Q4K,
+    Q5K,
     Q6K,
     /// IEEE half, little-endian, one element per "block".
     F16,
@@ -31,7 +33,9 @@ impl QuantType {
             QuantType::Q8_0 => (32, 34),
             QuantType::Q4_0 => (32, 18),
             QuantType::Q4_1 => (32, 20),
+            QuantType::Q5_1 => (32, 24),
             QuantType::Q4K => (256, 144),
+            QuantType::Q5K => (256, 176),
             QuantType::Q6K => (256, 210),
             QuantType::F16 | QuantType::BF16 => (1, 2),
         }
@@ -112,11 +116,12 @@ pub mod packed {
 
     /// Bytes of the scale header of one group-block (32 columns of 8 rows): f16 `d` (and
     /// `m`) for the classic formats; for Q4_K eight f32 `d*sc` then eight f32 `-dmin*m`
-    /// per 32 values, for Q6_K eight f32 `d*sc` for columns 0..16 then eight for 16..32.
+    /// per 32 values (Q5_K alike; Q5_1: its `d` and `m` widened), for Q6_K eight f32
+    /// `d*sc` for columns 0..16 then eight for 16..32.
     pub fn header_bytes(ty: QuantType) -> usize {
         match ty {
             QuantType::Q4_1 => 32,
-            QuantType::Q4K | QuantType::Q6K => 64,
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q5_1 | QuantType::Q6K => 64,
             _ => 16,
         }
     }
@@ -130,10 +135,14 @@ pub mod packed {
         }
     }
 
-    /// Quant bytes per row and 32 columns (32 for the 8-bit forms — Q8_0, and Q6_K stored
-    /// as `q - 32` in i8 —, 16 nibble bytes for the 4-bit formats).
+    /// Quant bytes per row and 32 columns (32 for the 8-bit forms — Q8_0; Q6_K stored as
+    /// `q - 32` in i8; Q5_1/Q5_K as their 5-bit `q` in u8 —, 16 nibble bytes for the 4-bit
+    /// formats).
     pub fn qs_bytes(ty: QuantType) -> usize {
-        if matches!(ty, QuantType::Q8_0 | QuantType::Q6K) {
+        if matches!(
+            ty,
+            QuantType::Q8_0 | QuantType::Q6K | QuantType::Q5K | QuantType::Q5_1
+        ) {
             32
         } else {
             16
@@ -281,7 +290,7 @@ impl QuantMatrix {
             dequantize_into(self.ty, &row, out);
             return;
         }
-        // K-quants: `D * q + M` (Q4_K) or `D * q` (Q6_K) from the packed group.
+        // `D * q + M` (Q4_K, Q5_K, Q5_1) or `D * q` (Q6_K) from the packed group.
         let ty = self.ty;
         let gbb = packed::group_block_bytes(ty);
         let (g, k) = (r / GROUP, r % GROUP);
@@ -289,7 +298,14 @@ impl QuantMatrix {
         for (i, o) in out.chunks_exact_mut(32).take(nb).enumerate() {
             let b = &self.data[(g * nb + i) * gbb..(g * nb + i + 1) * gbb];
             let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-            if ty == QuantType::Q4K {
+            if matches!(ty, QuantType::Q5K | QuantType::Q5_1) {
+                let (dd, m) = (f(4 * k), f(32 + 4 * k));
+                for w in 0..8 {
+                    for j in 0..4 {
+                        o[4 * w + j] = dd * b[64 + 32 * w + 4 * k + j] as f32 + m;
+                    }
+                }
+            } else if ty == QuantType::Q4K {
                 let (dd, m) = (f(4 * k), f(32 + 4 * k));
                 for w in 0..4 {
                     for j in 0..4 {
@@ -473,7 +489,7 @@ fn pack(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Q4_K/Q6_K rows → packed groups: each 32 columns get their f32 scale(s) multiplied out
+/// Q4_K/Q5_K/Q6_K/Q5_1 rows → packed groups: each 32 columns get their f32 scale(s) multiplied out
 /// as ggml's dequantization does (`d * sc`, `dmin * m`) and their quants in the 8-bit or
 /// Q4_0-nibble order of [`packed`].
 fn pack_kquant(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
@@ -493,9 +509,10 @@ fn pack_kquant(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
                     break;
                 }
                 let row = &src[r * rb..(r + 1) * rb];
+                let per = block / 32;
                 for (si, sb) in row.chunks_exact(bb).enumerate() {
-                    for j in 0..8 {
-                        let o = &mut dst[(si * 8 + j) * gbb..(si * 8 + j + 1) * gbb];
+                    for j in 0..per {
+                        let o = &mut dst[(si * per + j) * gbb..(si * per + j + 1) * gbb];
                         let (s0, s1, q) = kquant_block32(ty, sb, j);
                         o[4 * k..4 * k + 4].copy_from_slice(&s0.to_le_bytes());
                         o[32 + 4 * k..32 + 4 * k + 4].copy_from_slice(&s1.to_le_bytes());
@@ -519,9 +536,34 @@ fn pack_kquant(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
 }
 
 /// Columns `32j..32j+32` of a K-quant super-block: Q4_K → (`d*sc`, `-dmin*m`, nibbles 0..16);
-/// Q6_K → (`d*sc` of columns 0..16, of 16..32, `q - 32` as i8 bytes).
+/// Q5_K → (`d*sc`, `-dmin*m`, 5-bit `q`); Q5_1 (j = 0) → (`d`, `m`, 5-bit `q`); Q6_K →
+/// (`d*sc` of columns 0..16, of 16..32, `q - 32` as i8 bytes).
 fn kquant_block32(ty: QuantType, b: &[u8], j: usize) -> (f32, f32, [u8; 32]) {
     let mut q = [0u8; 32];
+    if ty == QuantType::Q5_1 {
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        for l in 0..16 {
+            q[l] = (b[8 + l] & 0xF) | ((((qh >> l) << 4) & 0x10) as u8);
+            q[l + 16] = (b[8 + l] >> 4) | (((qh >> (l + 12)) & 0x10) as u8);
+        }
+        return (f16_at(b, 0), f16_at(b, 2), q);
+    }
+    if ty == QuantType::Q5K {
+        let d = f16_at(b, 0);
+        let dmin = f16_at(b, 2);
+        let (sc, m) = q4k_scale_min(j, &b[4..16]);
+        let qh = &b[16..48];
+        let ql = &b[48 + (j / 2) * 32..48 + (j / 2) * 32 + 32];
+        for (l, q) in q.iter_mut().enumerate() {
+            let low = if j.is_multiple_of(2) {
+                ql[l] & 0xF
+            } else {
+                ql[l] >> 4
+            };
+            *q = low | if qh[l] & (1 << j) != 0 { 16 } else { 0 };
+        }
+        return (d * sc as f32, -(dmin * m as f32), q);
+    }
     if ty == QuantType::Q4K {
         let d = f16_at(b, 0);
         let dmin = f16_at(b, 2);
@@ -629,6 +671,13 @@ fn group_dot_scalar(ty: QuantType, group: &[u8], nb: usize, a: Q8Row<'_>) -> [f3
                         }
                     }
                 }
+                QuantType::Q5K | QuantType::Q5_1 => {
+                    for w in 0..8 {
+                        for j in 0..4 {
+                            dot += b[hdr + 32 * w + 4 * k + j] as i32 * x[4 * w + j] as i32;
+                        }
+                    }
+                }
                 _ => {
                     for w in 0..4 {
                         for j in 0..4 {
@@ -642,7 +691,7 @@ fn group_dot_scalar(ty: QuantType, group: &[u8], nb: usize, a: Q8Row<'_>) -> [f3
                     }
                 }
             }
-            if ty == QuantType::Q4K {
+            if matches!(ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q5_1) {
                 let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
                 *acc = (f(4 * k) * a.d[i]).mul_add(dot as f32, *acc);
                 // The offset term with the exact activation sum.
@@ -743,6 +792,17 @@ pub fn dequantize_into(ty: QuantType, src: &[u8], out: &mut [f32]) {
                 }
             }
             QuantType::Q4K => dequant_q4k(b, o),
+            QuantType::Q5K => dequant_q5k(b, o),
+            QuantType::Q5_1 => {
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                for j in 0..16 {
+                    let x0 = (b[8 + j] & 0xF) as u32 | (((qh >> j) << 4) & 0x10);
+                    let x1 = (b[8 + j] >> 4) as u32 | ((qh >> (j + 12)) & 0x10);
+                    o[j] = x0 as f32 * d + m;
+                    o[j + 16] = x1 as f32 * d + m;
+                }
+            }
             QuantType::Q6K => dequant_q6k(b, o),
             QuantType::F16 | QuantType::BF16 => {}
         }
@@ -796,6 +856,29 @@ fn dequant_q4k(b: &[u8], out: &mut [f32]) {
         for l in 0..32 {
             o[l] = d1 * (q[l] & 0xF) as f32 - m1;
             o[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+        }
+    }
+}
+
+/// ggml's `dequantize_row_q5_K`: Q4_K's scales plus one high bit per value from `qh`.
+fn dequant_q5k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for (n, o) in out.chunks_exact_mut(64).enumerate() {
+        let ql = &qs[n * 32..n * 32 + 32];
+        let (s1, m1) = q4k_scale_min(2 * n, scales);
+        let (s2, m2) = q4k_scale_min(2 * n + 1, scales);
+        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
+        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+        let (u1, u2) = (1u8 << (2 * n), 1u8 << (2 * n + 1));
+        for l in 0..32 {
+            let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+            let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+            o[l] = d1 * ((ql[l] & 0xF) + h1) as f32 - m1;
+            o[l + 32] = d2 * ((ql[l] >> 4) + h2) as f32 - m2;
         }
     }
 }
@@ -1018,7 +1101,7 @@ mod x86 {
     }
 
     /// `acc += u · s` per i32 lane over 4 byte pairs (u unsigned, s signed). Exact for the
-    /// operands used here: 4-bit weights, or the sign trick (|u| <= 128, |s| <= 127), keep
+    /// operands used here: 4/5-bit weights, or the sign trick (|u| <= 128, |s| <= 127), keep
     /// every pair sum inside i16 for the AVX2 `maddubs` form.
     #[inline(always)]
     unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -1037,7 +1120,7 @@ mod x86 {
     }
 
     /// One packed row group (see `super::packed`) against `T` activation rows. `K`: 0 = Q8_0,
-    /// 1 = Q4_0, 2 = Q4_1, 3 = Q4_K, 4 = Q6_K. Lane `k` of every vector is row `k` of the group, so the 8 rows'
+    /// 1 = Q4_0, 2 = Q4_1, 3 = Q4_K, 4 = Q6_K, 5 = Q5_K / Q5_1 (u8 quants, f32 `D`/`M`). Lane `k` of every vector is row `k` of the group, so the 8 rows'
     /// results come out as one vector with no horizontal sums.
     #[inline(always)]
     unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
@@ -1046,8 +1129,8 @@ mod x86 {
         rows: &[super::Q8Row<'_>; 4],
         out: &mut [[f32; 8]; 4],
     ) {
-        let gbb = [272usize, 144, 160, 192, 320][K as usize];
-        let hdr = [16usize, 16, 32, 64, 64][K as usize];
+        let gbb = [272usize, 144, 160, 192, 320, 320][K as usize];
+        let hdr = [16usize, 16, 32, 64, 64, 64][K as usize];
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); T];
         for i in 0..nb {
@@ -1082,7 +1165,15 @@ mod x86 {
                 }
                 continue;
             }
-            if K == 0 {
+            if K == 5 {
+                for w in 0..8 {
+                    let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
+                    for t in 0..T {
+                        let x = bcast4(rows[t].qs.as_ptr().add(32 * i + 4 * w));
+                        isum[t] = dot4::<VNNI>(isum[t], wv, x);
+                    }
+                }
+            } else if K == 0 {
                 for w in 0..8 {
                     let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
                     let au = _mm256_sign_epi8(wv, wv);
@@ -1103,7 +1194,7 @@ mod x86 {
                     }
                 }
             }
-            let (dw, m) = if K == 3 {
+            let (dw, m) = if K == 3 || K == 5 {
                 (
                     _mm256_loadu_ps(b as *const f32),
                     _mm256_loadu_ps(b.add(32) as *const f32),
@@ -1130,7 +1221,7 @@ mod x86 {
                 if K == 2 {
                     let s = _mm256_set1_ps(*rows[t].s.get_unchecked(i));
                     acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
-                } else if K == 3 {
+                } else if K == 3 || K == 5 {
                     let sum = *rows[t].sum.get_unchecked(i) as f32;
                     let s = _mm256_set1_ps(*rows[t].d.get_unchecked(i) * sum);
                     acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
@@ -1157,6 +1248,7 @@ mod x86 {
             QuantType::Q4_1 => group_dot::<T, VNNI, 2>(p, nb, rows, out),
             QuantType::Q4K => group_dot::<T, VNNI, 3>(p, nb, rows, out),
             QuantType::Q6K => group_dot::<T, VNNI, 4>(p, nb, rows, out),
+            QuantType::Q5K | QuantType::Q5_1 => group_dot::<T, VNNI, 5>(p, nb, rows, out),
             _ => {}
         }
     }
@@ -1250,7 +1342,10 @@ mod tests {
                 QuantType::Q6K => data[start + 208..start + 210].copy_from_slice(&d),
                 _ => {
                     data[start..start + 2].copy_from_slice(&d);
-                    if matches!(ty, QuantType::Q4_1 | QuantType::Q4K) {
+                    if matches!(
+                        ty,
+                        QuantType::Q4_1 | QuantType::Q4K | QuantType::Q5K | QuantType::Q5_1
+                    ) {
                         let m = f16::from_f32(-0.05).to_le_bytes();
                         data[start + 2..start + 4].copy_from_slice(&m);
                     }
@@ -1335,7 +1430,9 @@ mod tests {
             QuantType::Q4_0,
             QuantType::Q4_1,
             QuantType::Q4K,
+            QuantType::Q5K,
             QuantType::Q6K,
+            QuantType::Q5_1,
         ] {
             let shapes: &[(usize, usize)] = if ty.packs_losslessly() {
                 &[(37, 512), (5, 32), (130, 96), (3, 544)]
@@ -1399,7 +1496,9 @@ mod tests {
             QuantType::Q4_0,
             QuantType::Q4_1,
             QuantType::Q4K,
+            QuantType::Q5K,
             QuantType::Q6K,
+            QuantType::Q5_1,
         ] {
             let shapes: &[(usize, usize)] = if ty.packs_losslessly() {
                 &[(8, 32), (13, 64), (16, 288), (5, 576)]
@@ -1525,7 +1624,12 @@ mod tests {
     #[test]
     fn packed_kquants_dequantize_like_ggml() {
         let mut seed = 13u64;
-        for ty in [QuantType::Q4K, QuantType::Q6K] {
+        for ty in [
+            QuantType::Q4K,
+            QuantType::Q5K,
+            QuantType::Q6K,
+            QuantType::Q5_1,
+        ] {
             let (rows, cols) = (11, 512);
             let raw = random_ggml(ty, rows, cols, &mut seed);
             let m = QuantMatrix::new(ty, rows, cols, raw.clone()).expect("valid");

@@ -137,7 +137,9 @@ impl GgufWeights {
             GgmlType::Q8_0 | GgmlType::Q5_0 => QuantType::Q8_0,
             GgmlType::Q4_0 => QuantType::Q4_0,
             GgmlType::Q4_1 => QuantType::Q4_1,
+            GgmlType::Q5_1 => QuantType::Q5_1,
             GgmlType::Q4K => QuantType::Q4K,
+            GgmlType::Q5K => QuantType::Q5K,
             GgmlType::Q6K => QuantType::Q6K,
             other => {
                 return Err(ModelError::UnsupportedTensorType {
