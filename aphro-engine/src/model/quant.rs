@@ -4,7 +4,9 @@
 //! is what the HF float32 reference used. The fused kernels work like llama.cpp's: the
 //! activations are quantized to 8 bits per 32-block once per matmul ([`Q8Acts`]) and
 //! multiplied with the weight quants in integer arithmetic, so decode reads 4.5–8.5 bits
-//! per weight and does no per-weight float work.
+//! per weight (Q4_0/Q4_1/Q8_0; 6–10 for the K-quants and Q5_1, whose scales are expanded
+//! to f32 per 32 values at load) and does no per-weight float work. `APHRO_NO_VNNI=1`
+//! forces the AVX2 kernels on CPUs with AVX-512 VNNI (for comparisons).
 
 use half::f16;
 use rayon::prelude::*;
