@@ -39,7 +39,8 @@ fn main() {
     let mut r = load_flex_runner(&ModelLoadConfig {
         model_path: path,
         dtype,
-        cache_bytes: 128 << 20,
+        // Room for the batch-16 run at long decodes (~46 KiB of K/V per SmolLM2 token).
+        cache_bytes: 512 << 20,
         block_size: block,
         quiet: false,
         device: aphro_engine::backend::Device::Cpu,
