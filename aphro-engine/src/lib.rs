@@ -11,3 +11,5 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod serving;
+#[cfg(test)]
+mod test_support;

@@ -184,16 +184,7 @@ mod tests {
     use burn::backend::flex::{Flex, FlexTensor};
     use burn::tensor::TensorData;
 
-    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
+    use crate::test_support::rand;
 
     #[test]
     fn meta_flattens_tables_and_positions() {

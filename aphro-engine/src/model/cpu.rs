@@ -101,20 +101,18 @@ pub fn paged_attention(
         let tasks_per_row = h / heads_per_task;
         let (row, first_head) = (t / tasks_per_row, (t % tasks_per_row) * heads_per_task);
         if let Some((si, i)) = owner[row] {
-            let s = &seqs[si];
+            let seq = &seqs[si];
             let q0 = row * qdim + first_head * d;
-            let qg = &q[q0..q0 + heads_per_task * d];
-            let kv_head = first_head / group;
-            attend(
-                qg,
+            let job = Attend {
+                q: &q[q0..q0 + heads_per_task * d],
                 k_cache,
                 v_cache,
-                s,
-                s.start_pos + i + 1,
-                kv_head,
+                seq,
+                ctx: seq.start_pos + i + 1,
+                kv_head: first_head / group,
                 shape,
-                acc,
-            );
+            };
+            job.run(acc);
         }
     };
     out.par_chunks_mut(heads_per_task * d)
@@ -123,100 +121,94 @@ pub fn paged_attention(
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-#[allow(unsafe_code)]
-fn attend(
-    qg: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    s: &AttnSeq<'_>,
+/// One attention task: query heads `q` (consecutive, all of KV head `kv_head`) of one row
+/// against positions `0..ctx` of `seq`.
+struct Attend<'a> {
+    q: &'a [f32],
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    seq: &'a AttnSeq<'a>,
     ctx: usize,
     kv_head: usize,
-    shape: &AttnShape,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if super::quant::has_avx2() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time); the body is safe code.
-        unsafe { attend_avx2(qg, kc, vc, s, ctx, kv_head, shape, out) };
-        return;
+    shape: &'a AttnShape,
+}
+
+impl Attend<'_> {
+    #[allow(unsafe_code)]
+    fn run(&self, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if super::quant::has_avx2() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked at run time); the body is
+            // safe code.
+            unsafe { self.run_avx2(out) };
+            return;
+        }
+        self.body(out)
     }
-    attend_body(qg, kc, vc, s, ctx, kv_head, shape, out)
-}
 
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
-fn attend_avx2(
-    qg: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    s: &AttnSeq<'_>,
-    ctx: usize,
-    kv_head: usize,
-    shape: &AttnShape,
-    out: &mut [f32],
-) {
-    attend_body(qg, kc, vc, s, ctx, kv_head, shape, out)
-}
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn run_avx2(&self, out: &mut [f32]) {
+        self.body(out)
+    }
 
-/// Softmax(q·K^T * scale) · V over positions `0..ctx` for every query head in `qg`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn attend_body(
-    qg: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    s: &AttnSeq<'_>,
-    ctx: usize,
-    kv_head: usize,
-    shape: &AttnShape,
-    out: &mut [f32],
-) {
-    let d = shape.head_dim;
-    let kv_w = shape.num_kv_heads * d;
-    let bs = shape.block_size.max(1);
-    let group = qg.len() / d.max(1);
-    // Offsets of this KV head's row at each position, block by block.
-    let offsets: Vec<usize> = s
-        .block_table
-        .iter()
-        .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * kv_w + kv_head * d))
-        .take(ctx)
-        .collect();
-    let ctx = offsets.len();
-    let mut scores = vec![0f32; group * ctx];
-    for j in 0..group {
-        let qj = &qg[j * d..(j + 1) * d];
-        let sc = &mut scores[j * ctx..(j + 1) * ctx];
-        // Eight keys at a time: eight independent accumulation chains instead of one. The
-        // last partial tile repeats its final key, so every score comes from the same code.
-        for (tile, out) in offsets.chunks(8).zip(sc.chunks_mut(8)) {
-            let ks: [&[f32]; 8] = std::array::from_fn(|i| {
-                let off = tile[i.min(tile.len() - 1)];
-                &kc[off..off + d]
-            });
-            for (o, v) in out.iter_mut().zip(dot8(qj, ks)) {
-                *o = v * shape.scale;
+    /// Softmax(q·K^T * scale) · V over positions `0..ctx` for every query head in `q`.
+    #[inline(always)]
+    fn body(&self, out: &mut [f32]) {
+        let Attend {
+            q: qg,
+            k_cache: kc,
+            v_cache: vc,
+            seq: s,
+            ctx,
+            kv_head,
+            shape,
+        } = *self;
+        let d = shape.head_dim;
+        let kv_w = shape.num_kv_heads * d;
+        let bs = shape.block_size.max(1);
+        let group = qg.len() / d.max(1);
+        // Offsets of this KV head's row at each position, block by block.
+        let offsets: Vec<usize> = s
+            .block_table
+            .iter()
+            .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * kv_w + kv_head * d))
+            .take(ctx)
+            .collect();
+        let ctx = offsets.len();
+        let mut scores = vec![0f32; group * ctx];
+        for j in 0..group {
+            let qj = &qg[j * d..(j + 1) * d];
+            let sc = &mut scores[j * ctx..(j + 1) * ctx];
+            // Eight keys at a time: eight independent accumulation chains instead of one. The
+            // last partial tile repeats its final key, so every score comes from the same code.
+            for (tile, out) in offsets.chunks(8).zip(sc.chunks_mut(8)) {
+                let ks: [&[f32]; 8] = std::array::from_fn(|i| {
+                    let off = tile[i.min(tile.len() - 1)];
+                    &kc[off..off + d]
+                });
+                for (o, v) in out.iter_mut().zip(dot8(qj, ks)) {
+                    *o = v * shape.scale;
+                }
             }
         }
-    }
-    for sc in scores.chunks_exact_mut(ctx.max(1)) {
-        let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let mut sum = 0f32;
-        for v in sc.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
+        for sc in scores.chunks_exact_mut(ctx.max(1)) {
+            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0f32;
+            for v in sc.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            let inv = 1.0 / sum;
+            sc.iter_mut().for_each(|v| *v *= inv);
         }
-        let inv = 1.0 / sum;
-        sc.iter_mut().for_each(|v| *v *= inv);
-    }
-    for (p, &off) in offsets.iter().enumerate() {
-        let v = &vc[off..off + d];
-        for j in 0..group {
-            let w = scores[j * ctx + p];
-            for (a, &x) in out[j * d..(j + 1) * d].iter_mut().zip(v) {
-                *a = w.mul_add(x, *a);
+        for (p, &off) in offsets.iter().enumerate() {
+            let v = &vc[off..off + d];
+            for j in 0..group {
+                let w = scores[j * ctx + p];
+                for (a, &x) in out[j * d..(j + 1) * d].iter_mut().zip(v) {
+                    *a = w.mul_add(x, *a);
+                }
             }
         }
     }

@@ -237,14 +237,9 @@ mod tests {
             (32usize, 4usize, 2usize, 8usize, 48usize, 64usize, 2usize);
         let mut seed = 11u64;
         let mut rnd = |n: usize, scale: f32| -> Vec<u8> {
-            (0..n)
-                .flat_map(|_| {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let v = (((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale;
-                    v.to_le_bytes()
-                })
+            crate::test_support::rand(n, &mut seed)
+                .into_iter()
+                .flat_map(|v| (v * scale).to_le_bytes())
                 .collect()
         };
         let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -367,12 +362,7 @@ mod tests {
     fn tiny_kquant_gguf(path: &Path) {
         let (dm, ff, heads, kv_heads, vocab, layers) = (256usize, 512, 4usize, 2usize, 64, 2);
         let mut seed = 5u64;
-        let mut byte = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as u8
-        };
+        let mut byte = move || crate::test_support::lcg(&mut seed) as u8;
         let f16b = |v: f32| half::f16::from_f32(v).to_le_bytes();
         // (ggml type id, elements per block, bytes per block, offsets of f16 scales).
         let layout = |ty: u32| -> (usize, usize, Vec<(usize, f32)>) {

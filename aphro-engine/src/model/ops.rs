@@ -349,16 +349,7 @@ mod tests {
     use super::*;
     use crate::model::quant::QuantType;
 
-    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
+    use crate::test_support::rand;
 
     fn close(a: &[f32], b: &[f32], tol: f32) {
         assert_eq!(a.len(), b.len());

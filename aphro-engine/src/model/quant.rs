@@ -1316,12 +1316,26 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> u32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (*seed >> 33) as u32
-    }
+    use crate::test_support::lcg;
+
+    /// Every block format; all have fused kernels.
+    const BLOCK_FORMATS: [QuantType; 7] = [
+        QuantType::Q8_0,
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q4K,
+        QuantType::Q5K,
+        QuantType::Q6K,
+        QuantType::Q5_1,
+    ];
+
+    /// The formats whose scales are expanded to f32 when packed (no ggml read-back).
+    const EXPANDED_SCALE_FORMATS: [QuantType; 4] = [
+        QuantType::Q4K,
+        QuantType::Q5K,
+        QuantType::Q6K,
+        QuantType::Q5_1,
+    ];
 
     fn random_matrix(ty: QuantType, rows: usize, cols: usize, seed: &mut u64) -> QuantMatrix {
         let data = random_ggml(ty, rows, cols, seed);
@@ -1427,15 +1441,7 @@ mod tests {
     #[test]
     fn fused_matmul_matches_reference() {
         let mut seed = 7u64;
-        for ty in [
-            QuantType::Q8_0,
-            QuantType::Q4_0,
-            QuantType::Q4_1,
-            QuantType::Q4K,
-            QuantType::Q5K,
-            QuantType::Q6K,
-            QuantType::Q5_1,
-        ] {
+        for ty in BLOCK_FORMATS {
             let shapes: &[(usize, usize)] = if ty.packs_losslessly() {
                 &[(37, 512), (5, 32), (130, 96), (3, 544)]
             } else {
@@ -1456,22 +1462,15 @@ mod tests {
                             let (exact, mag): (f64, f64) = (0..cols)
                                 .map(|c| w[r * cols + c] as f64 * x[t * cols + c] as f64)
                                 .fold((0.0, 0.0), |(s, m), v| (s + v, m + v.abs()));
-                            if ty.has_fused_kernel() {
-                                let (want, qmag) = q8_reference(&m, &acts, t, r);
-                                assert!(
-                                    (g - want).abs() <= 1e-5 * (1.0 + qmag),
-                                    "{ty:?} {rows}x{cols} t={t} r={r}: {g} vs {want}"
-                                );
-                                assert!(
-                                    (g - exact).abs() <= 1e-2 * (1.0 + mag),
-                                    "{ty:?} {rows}x{cols} t={t} r={r}: {g} vs exact {exact}"
-                                );
-                            } else {
-                                assert!(
-                                    (g - exact).abs() <= 1e-4 * (1.0 + exact.abs()),
-                                    "{ty:?} t={t} r={r}: {g} vs {exact}"
-                                );
-                            }
+                            let (want, qmag) = q8_reference(&m, &acts, t, r);
+                            assert!(
+                                (g - want).abs() <= 1e-5 * (1.0 + qmag),
+                                "{ty:?} {rows}x{cols} t={t} r={r}: {g} vs {want}"
+                            );
+                            assert!(
+                                (g - exact).abs() <= 1e-2 * (1.0 + mag),
+                                "{ty:?} {rows}x{cols} t={t} r={r}: {g} vs exact {exact}"
+                            );
                         }
                     }
                     // A row's result must not depend on how many tokens share the call.
@@ -1493,15 +1492,7 @@ mod tests {
     #[allow(unsafe_code)]
     fn simd_group_kernels_equal_scalar() {
         let mut seed = 19u64;
-        for ty in [
-            QuantType::Q8_0,
-            QuantType::Q4_0,
-            QuantType::Q4_1,
-            QuantType::Q4K,
-            QuantType::Q5K,
-            QuantType::Q6K,
-            QuantType::Q5_1,
-        ] {
+        for ty in BLOCK_FORMATS {
             let shapes: &[(usize, usize)] = if ty.packs_losslessly() {
                 &[(8, 32), (13, 64), (16, 288), (5, 576)]
             } else {
@@ -1626,12 +1617,7 @@ mod tests {
     #[test]
     fn packed_kquants_dequantize_like_ggml() {
         let mut seed = 13u64;
-        for ty in [
-            QuantType::Q4K,
-            QuantType::Q5K,
-            QuantType::Q6K,
-            QuantType::Q5_1,
-        ] {
+        for ty in EXPANDED_SCALE_FORMATS {
             let (rows, cols) = (11, 512);
             let raw = random_ggml(ty, rows, cols, &mut seed);
             let m = QuantMatrix::new(ty, rows, cols, raw.clone()).expect("valid");
