@@ -11,6 +11,7 @@ pub mod detokenizer;
 pub mod error;
 pub mod gguf;
 pub mod gguf_tokenizer;
+pub mod limits;
 pub mod model;
 pub mod protocol;
 pub mod renderer;
@@ -20,6 +21,7 @@ pub mod tokenizer;
 
 pub use derenderer::{DerenderOptions, Derenderer};
 pub use error::{Error, Result};
+pub use limits::RequestLimits;
 pub use model::{LoadOptions, Model};
 pub use renderer::{RenderHooks, RenderOptions, Renderer};
 pub use template::{Clock, ContentFormat, FixedClock, SystemClock};

@@ -45,6 +45,8 @@ pub struct RenderOptions {
     /// never reads. Off by default: transformers (and so the render goldens) silently drop
     /// such kwargs; the HTTP server turns it on so a client learns its knob does nothing.
     pub strict_template_kwargs: bool,
+    /// Size limits checked before tokenization.
+    pub limits: crate::limits::RequestLimits,
 }
 
 impl Default for RenderOptions {
@@ -62,6 +64,7 @@ impl Default for RenderOptions {
             served_model_names: None,
             hooks: None,
             strict_template_kwargs: false,
+            limits: crate::limits::RequestLimits::default(),
         }
     }
 }
@@ -82,6 +85,8 @@ pub struct Renderer {
     prompter: Option<ChatPrompter>,
     options: RenderOptions,
     max_model_len: usize,
+    /// Longest prompt (characters) that is tokenized at all; see [`crate::limits`].
+    max_prompt_chars: usize,
     harmony: bool,
 }
 
@@ -105,6 +110,9 @@ fn check_i64_range(v: i64, min: i64, name: &str, msg: &str) -> Result<()> {
     Ok(())
 }
 
+/// Character offsets of each token in the prompt (`return_token_offsets`).
+type Offsets = Vec<(usize, usize)>;
+
 impl Renderer {
     /// Compiles the template once; errors in it surface here, not per request.
     pub fn new(model: Arc<Model>, options: RenderOptions) -> Result<Self> {
@@ -127,11 +135,15 @@ impl Renderer {
             .or(model.max_model_len)
             .unwrap_or(DEFAULT_MAX_MODEL_LEN);
         let harmony = model.model_type.as_deref() == Some("gpt_oss");
+        let max_prompt_chars = options
+            .limits
+            .prompt_chars_limit(max_model_len, &model.tokenizer);
         Ok(Self {
             model,
             prompter,
             options,
             max_model_len,
+            max_prompt_chars,
             harmony,
         })
     }
@@ -150,6 +162,72 @@ impl Renderer {
 
     pub fn prompter(&self) -> Option<&ChatPrompter> {
         self.prompter.as_ref()
+    }
+
+    /// The longest prompt, in characters, this renderer tokenizes.
+    pub fn max_prompt_chars(&self) -> usize {
+        self.max_prompt_chars
+    }
+
+    /// The text of a chat's messages (content, text parts, reasoning) measured against the
+    /// prompt-character limit *before* the template runs: the rendered prompt contains that
+    /// text, so a chat over the limit could not fit anyway, and rendering it would cost
+    /// several copies of it first.
+    fn check_chat_chars(&self, messages: &[crate::protocol::ChatMessage]) -> Result<()> {
+        use crate::protocol::MessageContent;
+        let mut bytes = 0usize;
+        let mut chars = 0usize;
+        let mut add = |s: &str| {
+            bytes = bytes.saturating_add(s.len());
+            chars = chars.saturating_add(s.chars().count());
+        };
+        for m in messages {
+            match &m.content {
+                Some(MessageContent::Text(t)) => add(t),
+                Some(MessageContent::Parts(parts)) => parts
+                    .iter()
+                    .filter_map(|p| p.text.as_deref())
+                    .for_each(&mut add),
+                None => {}
+            }
+            if let Some(r) = &m.reasoning {
+                add(r);
+            }
+        }
+        if bytes > self.max_prompt_chars {
+            crate::limits::RequestLimits::check_prompt_chars(
+                chars,
+                self.max_prompt_chars,
+                self.max_model_len,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Tokenize `text` unless it is too long to fit the context whatever it tokenizes to.
+    fn encode_checked(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        with_offsets: bool,
+    ) -> Result<(Vec<u32>, Option<Offsets>)> {
+        // Bytes bound chars from above, so most prompts skip the count.
+        if text.len() > self.max_prompt_chars {
+            crate::limits::RequestLimits::check_prompt_chars(
+                text.chars().count(),
+                self.max_prompt_chars,
+                self.max_model_len,
+            )?;
+        }
+        if with_offsets {
+            let (ids, offsets) = self
+                .model
+                .tokenizer
+                .encode_with_offsets(text, add_special_tokens)?;
+            Ok((ids, Some(offsets)))
+        } else {
+            Ok((self.model.tokenizer.encode(text, add_special_tokens)?, None))
+        }
     }
 
     fn check_model(&self, model: Option<&str>) -> Result<()> {
@@ -194,21 +272,16 @@ impl Renderer {
     ) -> Result<GenerateRequest> {
         validate_chat(req)?;
         self.check_model(req.model.as_deref())?;
+        self.options
+            .limits
+            .check_tools(req.tools.as_ref().map_or(0, Vec::len))?;
+        self.check_chat_chars(&req.messages)?;
         let rendered = self.render_chat_prompt(req)?;
-        let (mut ids, offsets) = if req.return_token_offsets {
-            let (i, o) = self
-                .model
-                .tokenizer
-                .encode_with_offsets(&rendered.prompt, req.add_special_tokens)?;
-            (i, Some(o))
-        } else {
-            (
-                self.model
-                    .tokenizer
-                    .encode(&rendered.prompt, req.add_special_tokens)?,
-                None,
-            )
-        };
+        let (mut ids, offsets) = self.encode_checked(
+            &rendered.prompt,
+            req.add_special_tokens,
+            req.return_token_offsets,
+        )?;
         truncate_prompt(
             &mut ids,
             req.truncate_prompt_tokens,
@@ -223,6 +296,7 @@ impl Renderer {
             h.adjust_sampling_params(req, &mut sp);
         }
         sp.normalize_and_validate()?;
+        self.options.limits.check_sampling(&sp)?;
 
         let mut kwargs = self.options.default_chat_template_kwargs.clone();
         kwargs.insert(
@@ -345,6 +419,7 @@ impl Renderer {
                 None,
             ));
         }
+        self.options.limits.check_prompt_count(prompts.len())?;
         let base = header_request_id
             .map(str::to_owned)
             .or_else(|| req.request_id.clone())
@@ -354,18 +429,7 @@ impl Renderer {
         for (i, p) in prompts.into_iter().enumerate() {
             let (mut ids, offsets) = match p {
                 SinglePrompt::Text(t) => {
-                    if req.return_token_offsets {
-                        let (i, o) = self
-                            .model
-                            .tokenizer
-                            .encode_with_offsets(&t, req.add_special_tokens)?;
-                        (i, Some(o))
-                    } else {
-                        (
-                            self.model.tokenizer.encode(&t, req.add_special_tokens)?,
-                            None,
-                        )
-                    }
+                    self.encode_checked(&t, req.add_special_tokens, req.return_token_offsets)?
                 }
                 SinglePrompt::Tokens(t) => {
                     let ids = t
@@ -397,6 +461,7 @@ impl Renderer {
             let max_tokens = self.resolve_max_tokens(req.max_tokens, ids.len())?;
             let mut sp = self.completion_sampling_params(req, max_tokens);
             sp.normalize_and_validate()?;
+            self.options.limits.check_sampling(&sp)?;
             let (kv, ec) = hoisted_transfer_params(
                 req.kv_transfer_params.as_ref(),
                 req.ec_transfer_params.as_ref(),
@@ -626,12 +691,12 @@ impl Renderer {
     pub fn tokenize(&self, req: &TokenizeRequest) -> Result<TokenizeResponse> {
         let (ids, want_strs) = match req {
             TokenizeRequest::Completion(c) => (
-                self.model
-                    .tokenizer
-                    .encode(&c.prompt, c.add_special_tokens)?,
+                self.encode_checked(&c.prompt, c.add_special_tokens, false)?
+                    .0,
                 c.return_token_strs,
             ),
             TokenizeRequest::Chat(c) => {
+                self.check_chat_chars(&c.messages)?;
                 let chat = ChatCompletionRequest {
                     messages: c.messages.clone(),
                     model: c.model.clone(),
@@ -647,11 +712,13 @@ impl Renderer {
                     length_penalty: 1.0,
                     ..ChatCompletionRequest::default()
                 };
+                self.options
+                    .limits
+                    .check_tools(chat.tools.as_ref().map_or(0, Vec::len))?;
                 let rendered = self.render_chat_prompt(&chat)?;
                 (
-                    self.model
-                        .tokenizer
-                        .encode(&rendered.prompt, c.add_special_tokens)?,
+                    self.encode_checked(&rendered.prompt, c.add_special_tokens, false)?
+                        .0,
                     c.return_token_strs,
                 )
             }
