@@ -706,3 +706,88 @@ fn tampered_parser_state_is_400() {
         "no tool or reasoning parser is configured",
     );
 }
+
+/// A vLLM-produced stream state is resumed from `output_token_ids`: its `prev_tokens` and
+/// offsets must describe the same tokens, or the client gets a 400 instead of text that
+/// differs from vLLM's.
+#[test]
+fn inconsistent_vllm_stream_state_is_400() {
+    let d = derenderer(false);
+    let out = ids(&d, "Hello world");
+    let toks: Vec<String> = out
+        .iter()
+        .map(|&i| d.model().tokenizer.id_to_token(i).unwrap_or_default())
+        .collect();
+    let chunk = json!({"request_id": "g", "choices": [{"index": 0, "token_ids": ids(&d, "!"),
+        "finish_reason": null}]});
+    let call = |state: Value| {
+        chat(
+            &d,
+            json!({"stream": true, "generate_chunk": chunk, "stream_state": state}),
+        )
+    };
+    let n = toks.len();
+    // Consistent: prev_tokens are the output's tokens (after up to 7 prompt tokens).
+    let mut with_context = vec!["Ġa".to_owned(), "b".to_owned()];
+    with_context.extend(toks.clone());
+    call(
+        json!({"prev_tokens": toks, "prefix_offset": 0, "read_offset": n,
+                "output_token_ids": out, "output_chunk_lens": [n]}),
+    )
+    .expect("consistent state");
+    call(
+        json!({"prev_tokens": with_context, "prefix_offset": 1, "read_offset": n + 2,
+                "output_token_ids": out, "output_chunk_lens": [n]}),
+    )
+    .expect("consistent state with prompt context");
+    // Offsets out of order or past the tokens.
+    expect_err(
+        call(
+            json!({"prev_tokens": toks, "prefix_offset": 2, "read_offset": 1,
+                    "output_token_ids": out, "output_chunk_lens": [n]}),
+        ),
+        400,
+        "prefix_offset",
+    );
+    expect_err(
+        call(
+            json!({"prev_tokens": toks, "prefix_offset": 0, "read_offset": n + 1,
+                    "output_token_ids": out, "output_chunk_lens": [n]}),
+        ),
+        400,
+        "read_offset",
+    );
+    // prev_tokens that are not the output's tokens.
+    let mut wrong = toks.clone();
+    wrong[n - 1] = "Ġforged".into();
+    expect_err(
+        call(
+            json!({"prev_tokens": wrong, "prefix_offset": 0, "read_offset": n,
+                    "output_token_ids": out, "output_chunk_lens": [n]}),
+        ),
+        400,
+        "is not the token of output_token_ids",
+    );
+    // More prompt context than vLLM ever carries.
+    let mut long = vec!["x".to_owned(); 8];
+    long.extend(toks);
+    expect_err(
+        call(
+            json!({"prev_tokens": long, "prefix_offset": 0, "read_offset": n + 8,
+                    "output_token_ids": out, "output_chunk_lens": [n]}),
+        ),
+        400,
+        "prompt context",
+    );
+    // Out-of-vocabulary ids anywhere: carried, streamed or non-streaming.
+    expect_err(
+        call(json!({"output_token_ids": [9_999_999], "output_chunk_lens": [1]})),
+        400,
+        "out of vocabulary",
+    );
+    expect_err(
+        chat(&d, json!({"generate_response": gen(json!([9_999_999]))})),
+        400,
+        "Token id 9999999 is out of vocabulary",
+    );
+}

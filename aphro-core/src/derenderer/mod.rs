@@ -259,6 +259,7 @@ impl Derenderer {
                     "choice {i} has {n} token_ids, more than max_model_len={mml}"
                 )));
             }
+            self.check_in_vocab(c.token_ids.as_deref().unwrap_or_default())?;
             if let Some(content) = c.logprobs.as_ref().and_then(|l| l.content.as_ref()) {
                 if content.len() > mml {
                     return Err(Error::bad_request(format!(
@@ -292,8 +293,21 @@ impl Derenderer {
                     ids.len()
                 )));
             }
+            self.check_in_vocab(ids)?;
         }
         Ok(())
+    }
+
+    /// Ids the tokenizer cannot decode are refused as `/detokenize` refuses them, rather
+    /// than decoded to nothing.
+    pub(crate) fn check_in_vocab(&self, ids: &[u32]) -> Result<()> {
+        let vocab = self.inner.model.tokenizer.vocab_size();
+        match ids.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(Error::bad_request(format!(
+                "Token id {t} is out of vocabulary"
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn check_generate_response(&self, g: &GenerateResponse, allow_empty: bool) -> Result<()> {

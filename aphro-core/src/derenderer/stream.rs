@@ -306,7 +306,7 @@ impl Derenderer {
                 self.max_model_len()
             )));
         }
-        Ok(())
+        self.check_in_vocab(p)
     }
 
     /// A streaming completion state for one choice.
@@ -716,8 +716,62 @@ fn check_state(d: &Derenderer, s: &DerenderStreamState) -> Result<u64> {
             }
             Ok(a.tokens)
         }
-        None => Ok(s.output_token_ids.len() as u64),
+        None => {
+            check_vllm_state(d, s).map_err(bad)?;
+            Ok(s.output_token_ids.len() as u64)
+        }
     }
+}
+
+/// Prompt tokens vLLM seeds `prev_tokens` with (`INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET`
+/// + 2, `vllm/transformers_utils/detokenizer_utils.py`).
+const VLLM_PROMPT_CONTEXT_TOKENS: usize = 7;
+
+/// A vLLM-produced state is resumed from `output_token_ids`; its `prev_tokens` and offsets
+/// must describe the same tokens, or the two servers would emit different text for it.
+fn check_vllm_state(d: &Derenderer, s: &DerenderStreamState) -> std::result::Result<(), String> {
+    d.check_in_vocab(&s.output_token_ids)
+        .map_err(|e| e.to_string())?;
+    if s.prev_tokens.is_empty() && s.prefix_offset == 0 && s.read_offset == 0 {
+        return Ok(());
+    }
+    if s.prefix_offset > s.read_offset || s.read_offset > s.prev_tokens.len() {
+        return Err(format!(
+            "prefix_offset ({}) <= read_offset ({}) <= len(prev_tokens) ({}) does not hold",
+            s.prefix_offset,
+            s.read_offset,
+            s.prev_tokens.len()
+        ));
+    }
+    let context = s
+        .prev_tokens
+        .len()
+        .checked_sub(s.output_token_ids.len())
+        .filter(|&c| c <= VLLM_PROMPT_CONTEXT_TOKENS)
+        .ok_or_else(|| {
+            format!(
+                "prev_tokens has {} entries for {} output_token_ids (at most {} more are prompt \
+                 context)",
+                s.prev_tokens.len(),
+                s.output_token_ids.len(),
+                VLLM_PROMPT_CONTEXT_TOKENS
+            )
+        })?;
+    let tok = &d.inner().model.tokenizer;
+    for (i, (&id, token)) in s
+        .output_token_ids
+        .iter()
+        .zip(&s.prev_tokens[context..])
+        .enumerate()
+    {
+        if tok.id_to_token(id).as_deref() != Some(token.as_str()) {
+            return Err(format!(
+                "prev_tokens[{}] ({token:?}) is not the token of output_token_ids[{i}] ({id})",
+                context + i
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Limit of §6.2: prompt + earlier output + this delta ≤ max_model_len.
