@@ -570,3 +570,87 @@ fn half_precision_weights_track_f32() {
         assert_eq!(argmax(&got), argmax(&reference), "{dtype:?}");
     }
 }
+
+/// A client cannot jump the queue under the default first-come-first-served policy, and
+/// two clients that send the same request id each get their own request; an abort by that
+/// id reaches both.
+#[test]
+fn priority_needs_the_policy_and_reused_ids_stay_apart() {
+    use aphro_engine::serving::SchedulingPolicy;
+    let target = ids(&case("chat-hello")["prompt_token_ids"]);
+    let s = engine(small());
+    let mut req = no_eos("p", target.clone(), 2);
+    req.priority = -1;
+    let err = s.generate(req, None).err().expect("refused");
+    assert_eq!(err.status(), 400);
+    assert_eq!(
+        err.to_string(),
+        "Got priority -1 but Priority scheduling is not enabled."
+    );
+    assert_eq!(err.param(), Some("priority"));
+
+    // Same external id twice: both run to the end with their own tokens.
+    let a = s
+        .generate(no_eos("same", target.clone(), 6), None)
+        .expect("first");
+    let b = s
+        .generate(no_eos("same", target.clone(), 6), None)
+        .expect("second, same id");
+    assert_eq!(s.num_in_flight(), 2);
+    let (ra, rb) = block_on(futures::future::join(
+        a.collect_response(),
+        b.collect_response(),
+    ));
+    for r in [ra, rb] {
+        let v = serde_json::to_value(r.expect("ran")).expect("json");
+        assert_eq!(v["request_id"], "generate-tokens-same");
+        assert_eq!(tokens(&v).len(), 6);
+    }
+    assert_eq!(s.num_in_flight(), 0);
+
+    // An abort by the shared wire id aborts every request under it.
+    let a = s
+        .generate(no_eos("twin", target.clone(), 400), None)
+        .expect("first");
+    let b = s
+        .generate(no_eos("twin", target.clone(), 400), None)
+        .expect("second");
+    s.abort(&["generate-tokens-twin"]);
+    let (ra, rb) = block_on(futures::future::join(
+        a.collect_response(),
+        b.collect_response(),
+    ));
+    for r in [ra, rb] {
+        let v = serde_json::to_value(r.expect("ran")).expect("json");
+        assert_eq!(v["choices"][0]["finish_reason"], "abort", "{v}");
+    }
+    assert_idle(&s);
+
+    let s = engine(ServingConfig {
+        scheduling_policy: SchedulingPolicy::Priority,
+        ..small()
+    });
+    let mut req = no_eos("p", target, 2);
+    req.priority = -1;
+    let v = serde_json::to_value(block_on(s.generate_full(req, None)).expect("accepted"))
+        .expect("json");
+    assert_eq!(tokens(&v).len(), 2);
+}
+
+#[test]
+fn sampling_params_must_be_an_object() {
+    for bad in [json!([]), json!("x"), json!(3)] {
+        let err = parse_generate_request(&json!({"token_ids": [1], "sampling_params": bad}))
+            .expect_err("refused");
+        assert_eq!(err.status(), 400);
+        assert_eq!(err.param(), Some("body.sampling_params"));
+    }
+}
+
+fn no_eos(id: &str, prompt: Vec<u32>, max_tokens: i64) -> GenerateRequest {
+    request(
+        id,
+        prompt,
+        json!({"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": true}),
+    )
+}

@@ -82,10 +82,14 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
             "seed" => cfg.seed = v.extract()?,
             "served_model_name" => cfg.served_model_name = v.extract()?,
             "tokens_only" => cfg.tokens_only = v.extract()?,
+            "scheduling_policy" => {
+                let s: String = v.extract()?;
+                cfg.scheduling_policy = s.parse().map_err(PyValueError::new_err)?;
+            }
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "Engine() got an unexpected engine argument {other:?} (known: dtype, \
-                     device, kv_cache_memory, block_size, max_num_batched_tokens, max_num_seqs, \
+                     device, kv_cache_memory, block_size, max_num_batched_tokens, max_num_seqs, scheduling_policy, \
                      enable_prefix_caching, max_model_len, max_logprobs, seed, \
                      served_model_name, tokens_only)"
                 )))

@@ -19,9 +19,9 @@
 pub mod text;
 pub mod wire;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use aphro_core::detokenizer::{token_text, DetokenizeOptions};
 use aphro_core::model::GenerationDefaults;
@@ -65,6 +65,34 @@ pub struct ServingConfig {
     pub served_model_name: Option<String>,
     /// `--tokens-only`: no tokenizer, `output_mode="tokens"` only, no stop strings.
     pub tokens_only: bool,
+    /// `--scheduling-policy`: a request's `priority` counts only under `Priority`.
+    pub scheduling_policy: SchedulingPolicy,
+    /// Request size limits (`n`, stop strings) shared with the renderer.
+    pub limits: aphro_core::RequestLimits,
+}
+
+/// vLLM's `--scheduling-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulingPolicy {
+    /// First come, first served; a non-zero `priority` is refused with a 400, so no client
+    /// can move itself ahead of others.
+    #[default]
+    Fcfs,
+    /// Lower `priority` values run first (ties first come, first served).
+    Priority,
+}
+
+impl std::str::FromStr for SchedulingPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fcfs" => Ok(Self::Fcfs),
+            "priority" => Ok(Self::Priority),
+            other => Err(format!(
+                "unknown scheduling policy `{other}` (expected fcfs or priority)"
+            )),
+        }
+    }
 }
 
 impl Default for ServingConfig {
@@ -84,6 +112,8 @@ impl Default for ServingConfig {
             seed: None,
             served_model_name: None,
             tokens_only: false,
+            scheduling_policy: SchedulingPolicy::Fcfs,
+            limits: aphro_core::RequestLimits::default(),
         }
     }
 }
@@ -192,6 +222,35 @@ pub struct ServingEngine {
     served_model_name: String,
     tokens_only: bool,
     model_path: PathBuf,
+    scheduling_policy: SchedulingPolicy,
+    limits: aphro_core::RequestLimits,
+    /// Wire id (`generate-tokens-<client id>`) → the engine ids of the requests running
+    /// under it. Clients may reuse an id; each request still gets its own engine id, and an
+    /// abort by the wire id reaches all of them.
+    in_flight: Arc<InFlight>,
+    next_serial: std::sync::atomic::AtomicU64,
+}
+
+type InFlight = Mutex<HashMap<String, Vec<String>>>;
+
+/// Removes one engine id from [`ServingEngine::in_flight`] when its stream is dropped.
+struct InFlightEntry {
+    table: Arc<InFlight>,
+    wire_id: String,
+    engine_id: String,
+}
+
+impl Drop for InFlightEntry {
+    fn drop(&mut self) {
+        if let Ok(mut t) = self.table.lock() {
+            if let Some(ids) = t.get_mut(&self.wire_id) {
+                ids.retain(|i| i != &self.engine_id);
+                if ids.is_empty() {
+                    t.remove(&self.wire_id);
+                }
+            }
+        }
+    }
 }
 
 fn unix_now() -> u64 {
@@ -264,6 +323,10 @@ impl ServingEngine {
             served_model_name: cfg.served_model_name.unwrap_or(cfg.model),
             tokens_only: cfg.tokens_only,
             model_path,
+            scheduling_policy: cfg.scheduling_policy,
+            limits: cfg.limits,
+            in_flight: Arc::default(),
+            next_serial: Default::default(),
         })
     }
 
@@ -291,12 +354,29 @@ impl ServingEngine {
         &self.defaults
     }
 
-    /// Abort requests by their generate id (`generate-tokens-…`, §4.4). Unknown ids are
-    /// ignored. Their streams finish with `finish_reason: "abort"`.
+    /// Abort requests by their generate id (`generate-tokens-…`, §4.4): every running
+    /// request under that id. Unknown ids are ignored. Their streams finish with
+    /// `finish_reason: "abort"`.
     pub fn abort<S: AsRef<str>>(&self, request_ids: &[S]) {
         for id in request_ids {
-            self.engine.abort(id.as_ref());
+            let engine_ids = self
+                .in_flight
+                .lock()
+                .ok()
+                .and_then(|t| t.get(id.as_ref()).cloned())
+                .unwrap_or_default();
+            for engine_id in engine_ids {
+                self.engine.abort(&engine_id);
+            }
         }
+    }
+
+    /// Requests running now (streams not yet finished or dropped).
+    pub fn num_in_flight(&self) -> usize {
+        self.in_flight
+            .lock()
+            .map(|t| t.values().map(Vec::len).sum())
+            .unwrap_or(0)
     }
 
     /// Metrics as of the last engine step (for `/metrics`).
@@ -363,6 +443,26 @@ impl ServingEngine {
         Ok(req)
     }
 
+    /// [`Self::parse_request`] for a body split by [`split_generate_body`].
+    pub fn parse_request_body(&self, body: GenerateBody) -> Result<GenerateRequest, ServingError> {
+        let GenerateBody {
+            token_ids,
+            mut rest,
+        } = body;
+        let Some(ids) = token_ids else {
+            return Err(ServingError::validation(
+                "1 validation error:\n  {'loc': 'body.token_ids', 'msg': 'Field required'}",
+                "body.token_ids",
+            ));
+        };
+        if let Some(m) = rest.as_object_mut() {
+            m.insert("token_ids".into(), Value::Array(Vec::new()));
+        }
+        let mut req = self.parse_request(&rest)?;
+        req.token_ids = ids;
+        Ok(req)
+    }
+
     /// Run the §4.1 handler checks in vLLM's order and submit the request. Errors here are
     /// the 400/404 answers a server sends before it commits to a response.
     ///
@@ -406,6 +506,7 @@ impl ServingEngine {
         }
         let absent_max_tokens = req.sampling_params.max_tokens.is_none();
         req.sampling_params.normalize_and_validate()?;
+        self.limits.check_sampling(&req.sampling_params)?;
         let sp = &req.sampling_params;
         // Handler checks, in vLLM's order.
         if let Some(m) = &req.model {
@@ -413,8 +514,22 @@ impl ServingEngine {
                 return Err(aphro_core::Error::ModelNotFound(m.clone()).into());
             }
         }
+        if req.priority != 0 && self.scheduling_policy != SchedulingPolicy::Priority {
+            return Err(ServingError::Request(aphro_core::Error::BadRequest {
+                message: format!(
+                    "Got priority {} but Priority scheduling is not enabled.",
+                    req.priority
+                ),
+                param: Some("priority".into()),
+            }));
+        }
         let base = x_request_id.unwrap_or(&req.request_id);
         let request_id = format!("generate-tokens-{base}");
+        // The engine's own id is unique even when two clients send the same one.
+        let serial = self
+            .next_serial
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let engine_id = format!("{request_id}-{serial:x}");
         let max_num_seqs = self.engine.max_num_seqs();
         if sp.n > max_num_seqs as i64 {
             return Err(ServingError::bad_request(format!(
@@ -481,7 +596,7 @@ impl ServingEngine {
         };
         let sampling = self.sampling_config(sp, max_tokens)?;
         let ereq = EngineRequest {
-            request_id: request_id.clone(),
+            request_id: engine_id.clone(),
             prompt_token_ids: req.token_ids.clone(),
             sampling,
             priority: req.priority,
@@ -507,7 +622,18 @@ impl ServingEngine {
             .collect();
         let opts = req.stream_options.unwrap_or_default();
         let inner = self.engine.generate(ereq);
+        if let Ok(mut t) = self.in_flight.lock() {
+            t.entry(request_id.clone())
+                .or_default()
+                .push(engine_id.clone());
+        }
+        let registration = InFlightEntry {
+            table: Arc::clone(&self.in_flight),
+            wire_id: request_id.clone(),
+            engine_id,
+        };
         Ok(ServingStream {
+            _registration: registration,
             inner: Some(inner),
             request_id,
             output_mode: mode,
@@ -625,8 +751,106 @@ impl ServingEngine {
 
 /// Decode a generate body without a model (structural errors → 400 "Bad Request"); an absent
 /// `sampling_params.max_tokens` becomes `None`.
+/// A generate body read straight from its bytes: `token_ids` become a `Vec<u32>` directly
+/// (a JSON value per id would cost ~8x the body), everything else a JSON object.
+#[derive(Debug)]
+pub struct GenerateBody {
+    pub token_ids: Option<Vec<u32>>,
+    /// The body without `token_ids`.
+    pub rest: Value,
+}
+
+/// Reads the top-level object of a generate body into a [`GenerateBody`].
+struct Split;
+impl<'de> serde::de::Visitor<'de> for Split {
+    type Value = GenerateBody;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a valid dictionary")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<GenerateBody, A::Error> {
+        let mut token_ids = None;
+        let mut rest = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "token_ids" {
+                token_ids = Some(map.next_value::<Vec<u32>>()?);
+            } else {
+                let v: Value = map.next_value()?;
+                rest.insert(key, v);
+            }
+        }
+        Ok(GenerateBody {
+            token_ids,
+            rest: Value::Object(rest),
+        })
+    }
+}
+impl<'de> serde::Deserialize<'de> for GenerateBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(Split)
+    }
+}
+
+/// Parse a generate request body (strict JSON, no trailing bytes). Structural errors name
+/// the field (`body.token_ids[3]`).
+pub fn split_generate_body(bytes: &[u8]) -> Result<GenerateBody, ServingError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let result = serde_path_to_error::deserialize::<_, GenerateBody>(&mut *de);
+    match result {
+        Ok(body) => {
+            de.end().map_err(|e| {
+                ServingError::validation(
+                    format!(
+                        "1 validation error:\n  {{'loc': 'body', 'msg': 'JSON decode error: {e}'}}"
+                    ),
+                    "body",
+                )
+            })?;
+            Ok(body)
+        }
+        Err(err) => {
+            let path = err.path().to_string();
+            let inner = err.into_inner();
+            let loc = if path == "." || path.is_empty() {
+                "body".to_owned()
+            } else {
+                format!("body.{path}")
+            };
+            let msg = if inner.is_syntax() || inner.is_eof() {
+                format!("JSON decode error: {inner}")
+            } else if loc == "body" && inner.to_string().contains("a valid dictionary") {
+                "body: Input should be a valid dictionary".to_owned()
+            } else {
+                inner.to_string()
+            };
+            Err(ServingError::validation(
+                format!("1 validation error:\n  {{'loc': '{loc}', 'msg': '{msg}'}}"),
+                &loc,
+            ))
+        }
+    }
+}
+
 pub fn parse_generate_request(body: &Value) -> Result<GenerateRequest, ServingError> {
-    let mut req: GenerateRequest = serde_json::from_value(body.clone())
+    if !body.is_object() {
+        return Err(ServingError::validation(
+            "1 validation error:\n  body: Input should be a valid dictionary",
+            "body",
+        ));
+    }
+    // serde reads a struct from a JSON array too (positionally); the wire says objects.
+    for key in ["sampling_params", "stream_options", "parse_context"] {
+        if body
+            .get(key)
+            .is_some_and(|v| !v.is_object() && !v.is_null())
+        {
+            return Err(ServingError::validation(
+                format!("1 validation error:\n  {key}: Input should be a valid dictionary"),
+                &format!("body.{key}"),
+            ));
+        }
+    }
+    // From the borrowed value: a clone of a large body would double its memory.
+    let mut req: GenerateRequest = serde::Deserialize::deserialize(body)
         .map_err(|e| ServingError::validation(format!("1 validation error:\n  {e}"), "body"))?;
     let has_max = body
         .get("sampling_params")
@@ -642,6 +866,7 @@ pub fn parse_generate_request(body: &Value) -> Result<GenerateRequest, ServingEr
 /// [`Self::into_events`]) or the §4.2 response ([`Self::collect_response`]). Dropping it
 /// before the end aborts the request.
 pub struct ServingStream {
+    _registration: InFlightEntry,
     inner: Option<GenerateStream>,
     request_id: String,
     output_mode: OutputMode,

@@ -77,6 +77,10 @@ pub struct EngineArgs {
     /// Seed of requests that carry none.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// fcfs | priority: with `priority`, lower request `priority` values run first; with
+    /// `fcfs` (the default) a non-zero `priority` is refused with a 400.
+    #[arg(long, default_value = "fcfs")]
+    pub scheduling_policy: aphro_engine::serving::SchedulingPolicy,
 }
 
 impl EngineArgs {
@@ -117,6 +121,7 @@ impl EngineArgs {
             enable_prefix_caching: self.prefix_caching(prefix_caching_default),
             max_model_len: self.max_model_len,
             seed: self.seed,
+            scheduling_policy: self.scheduling_policy,
             ..ServingConfig::default()
         })
     }
