@@ -8,10 +8,9 @@
 use super::render::header_request_id;
 use super::AppState;
 use crate::error::{json_response, ApiError};
-use crate::extract::is_json_content_type;
+use crate::extract::{is_json_content_type, LimitedBytes};
 use crate::sse::sse_response;
-use aphro_engine::serving::{ServingEngine, ServingError};
-use axum::body::Bytes;
+use aphro_engine::serving::{split_generate_body, GenerateBody, ServingEngine, ServingError};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -59,9 +58,10 @@ pub(crate) fn engine(state: &AppState) -> Result<&Arc<ServingEngine>, ApiError> 
     Ok(engine)
 }
 
-/// Parse a raw JSON body the way the generate route needs it (the body is first read as a
-/// JSON value so absent `sampling_params` keys stay distinguishable from defaults, §10).
-fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+/// Parse a raw JSON body the way the generate route needs it: `token_ids` straight into
+/// integers, the rest as a JSON value so absent `sampling_params` keys stay distinguishable
+/// from defaults (§10).
+fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<GenerateBody, ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
@@ -70,7 +70,7 @@ fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
             "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
         ));
     }
-    crate::extract::parse_json::<Value>(body)
+    Ok(split_generate_body(body)?)
 }
 
 /// Token ids in, token ids (or text, or a derendered message) out; SSE when `stream`.
@@ -86,22 +86,25 @@ fn json_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
 async fn generate(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    LimitedBytes(body): LimitedBytes,
 ) -> Result<Response, ApiError> {
-    let value = json_body(&headers, &body)?;
-    super::unsupported::check_generate(&value)?;
+    let parsed = json_body(&headers, &body)?;
+    drop(body);
+    let value = &parsed.rest;
+    super::unsupported::check_generate(value)?;
     let engine = engine(&state)?.clone();
     if let Some(model) = value.get("model").and_then(Value::as_str) {
         state.resolve_model(Some(model))?;
     }
-    let req = engine.parse_request(&value)?;
+    let streaming = stream_requested(value);
+    let req = engine.parse_request_body(parsed)?;
     if req.output_mode == "derender" {
         return super::openai::generate_derender(&state, &engine, req, header_request_id(&headers))
             .await;
     }
     let stream = engine.generate(req, header_request_id(&headers))?;
     tracing::info!(request_id = %stream.request_id(), "generate");
-    if stream_requested(&value) {
+    if streaming {
         let events = stream
             .into_events()
             .map(|item| item.map(|ev| ev.to_json()).map_err(ApiError::from));
@@ -124,7 +127,7 @@ fn stream_requested(v: &Value) -> bool {
     (status = 400, description = "Malformed body.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
 ))]
-async fn abort(state: State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn abort(state: State<AppState>, body: LimitedBytes) -> Result<Response, ApiError> {
     abort_ids(state, body).await
 }
 
@@ -135,21 +138,35 @@ async fn abort(state: State<AppState>, body: Bytes) -> Result<Response, ApiError
     (status = 200, description = "Accepted; the abort runs in the background."),
     (status = 400, description = "Malformed body.", body = super::openapi::ErrorResponse),
 ))]
-async fn abort_legacy(state: State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn abort_legacy(state: State<AppState>, body: LimitedBytes) -> Result<Response, ApiError> {
     abort_ids(state, body).await
 }
 
 /// `{"request_ids": [...]}` → 200 with an empty body; the abort runs in the background.
-async fn abort_ids(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn abort_ids(
+    State(state): State<AppState>,
+    LimitedBytes(body): LimitedBytes,
+) -> Result<Response, ApiError> {
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::validation(format!("JSON decode error: {e}")))?;
-    let ids: Vec<String> = value
+    let ids = value
         .get("request_ids")
         .and_then(Value::as_array)
-        .ok_or_else(|| ApiError::validation("Missing 'request_ids' in request body"))?
+        .ok_or_else(|| ApiError::validation("Missing 'request_ids' in request body"))?;
+    // Every id must be a string: a silently skipped entry would leave a request running
+    // that the client believes aborted.
+    let ids: Vec<String> = ids
         .iter()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect();
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_str().map(str::to_owned).ok_or_else(|| {
+                ApiError::validation(format!(
+                    "1 validation error:\n  {{'loc': 'body.request_ids[{i}]', 'msg': 'Input should be a valid string'}}"
+                ))
+                .with_param(format!("body.request_ids[{i}]"))
+            })
+        })
+        .collect::<Result<_, _>>()?;
     if let Some(engine) = state.engine.as_ref() {
         engine.abort(&ids);
     }

@@ -525,7 +525,15 @@ pub async fn generate_derender(
     req: GenerateRequest,
     header_id: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let derenderer = derenderer(state)?.clone();
+    // A request the server cannot serve as asked is the client's to fix (400, wire spec
+    // §4.1), not a missing server feature (501).
+    let derenderer = state.derenderer.clone().ok_or_else(|| {
+        ApiError::bad_request(
+            "output_mode='derender' requires a tokenizer, but this server does not load one \
+             (--tokens-only or --skip-tokenizer-init). Send the request to a server that \
+             loads a tokenizer, or use output_mode='tokens'.",
+        )
+    })?;
     if req.stream.unwrap_or(false) {
         return Err(ApiError::bad_request(
             "output_mode='derender' does not support stream=true.",
