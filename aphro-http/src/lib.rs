@@ -3,6 +3,7 @@ pub mod auth;
 pub mod cli;
 pub mod error;
 pub mod extract;
+pub mod logging;
 pub mod metrics;
 pub mod server;
 pub mod sse;

@@ -33,6 +33,8 @@ impl Metrics {
         }
     }
 
+    /// `method` comes from [`method_label`] and `handler` from the matched route (or
+    /// `"none"`), so the label set is closed whatever clients send.
     pub fn observe_http(&self, method: &str, status: u16, handler: &str) {
         self.http_requests
             .with_label_values(&[method, &status.to_string(), handler])
@@ -44,6 +46,24 @@ impl Metrics {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// The `method` label: one of the standard methods, everything else `"other"` (a client can
+/// send any token as a method; one label value each would grow `/metrics` without bound).
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
     }
 }
 
@@ -257,6 +277,19 @@ mod tests {
         assert!(text.contains(
             "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"smollm2\"} 2"
         ));
+    }
+
+    #[test]
+    fn made_up_methods_share_one_label() {
+        use axum::http::Method;
+        let m = Metrics::new("x");
+        for i in 0..500 {
+            let method = Method::from_bytes(format!("M{i}").as_bytes()).expect("token");
+            m.observe_http(method_label(&method), 404, "none");
+        }
+        let text = m.render();
+        assert_eq!(text.matches("method=\"other\"").count(), 1, "{text}");
+        assert_eq!(method_label(&Method::POST), "POST");
     }
 
     #[test]

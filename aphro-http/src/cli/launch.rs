@@ -41,7 +41,7 @@ fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         state,
         &server_args.host,
         server_args.port,
-        server_args.timeout_keep_alive,
+        server_args.listen_config(),
     )?;
     Ok(ExitCode::SUCCESS)
 }
@@ -60,6 +60,7 @@ pub fn build_render_state(args: RenderArgs) -> anyhow::Result<AppState> {
     let renderer = Arc::new(build_renderer(
         model.clone(),
         &args.frontend,
+        args.server.limits.request_limits(),
         &served,
         args.max_model_len,
     )?);
@@ -77,6 +78,7 @@ pub fn build_render_state(args: RenderArgs) -> anyhow::Result<AppState> {
         api_keys: args.server.api_key.clone(),
         enable_request_id_headers: args.server.enable_request_id_headers,
         max_body_bytes: args.server.max_request_body_bytes,
+        body_read_timeout: args.server.body_read_timeout(),
     };
     Ok(AppState::new(settings)
         .with_renderer(renderer)

@@ -35,7 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         state,
         &server_args.host,
         server_args.port,
-        server_args.timeout_keep_alive,
+        server_args.listen_config(),
     )?;
     Ok(ExitCode::SUCCESS)
 }
@@ -55,6 +55,7 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
     let mut cfg = args.engine.serving_config(true)?;
     cfg.tokens_only = args.tokens_only;
     cfg.served_model_name = served.first().cloned();
+    cfg.limits = args.server.limits.request_limits();
     let model_path = cfg.model.clone();
     let engine = Arc::new(ServingEngine::new(cfg).context("starting the engine")?);
     let max_model_len = engine.max_model_len();
@@ -70,6 +71,7 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
         api_keys: args.server.api_key.clone(),
         enable_request_id_headers: args.server.enable_request_id_headers,
         max_body_bytes: args.server.max_request_body_bytes,
+        body_read_timeout: args.server.body_read_timeout(),
     };
     let mut state = AppState::new(settings).with_engine(engine);
     if !args.tokens_only {
@@ -77,7 +79,13 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
             Model::load(&model_path)
                 .with_context(|| format!("loading tokenizer of `{model_path}`"))?,
         );
-        let renderer = build_renderer(model.clone(), &args.frontend, &served, Some(max_model_len))?;
+        let renderer = build_renderer(
+            model.clone(),
+            &args.frontend,
+            args.server.limits.request_limits(),
+            &served,
+            Some(max_model_len),
+        )?;
         let derenderer = build_derenderer(model, &args.frontend, &served, Some(max_model_len))?;
         state = state
             .with_renderer(Arc::new(renderer))

@@ -27,9 +27,76 @@ pub struct ServerArgs {
     /// Largest request body accepted, in bytes; larger bodies get 413 before parsing.
     #[arg(long, default_value_t = crate::extract::DEFAULT_MAX_BODY_BYTES)]
     pub max_request_body_bytes: usize,
-    /// Seconds an idle keep-alive connection is kept open.
+    /// Seconds an idle keep-alive connection is kept open, and a new connection waits for
+    /// its request headers.
     #[arg(long, default_value_t = 5)]
     pub timeout_keep_alive: u64,
+    /// Seconds a client has to send a whole request body (408 after it).
+    #[arg(long, default_value_t = crate::extract::DEFAULT_BODY_READ_TIMEOUT.as_secs())]
+    pub request_body_timeout: u64,
+    /// Open connections served at once; more get a 503 and are closed (default: what the
+    /// open-files limit allows, less a reserve).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds running requests get to finish after SIGTERM/SIGINT before they are aborted.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Per-request size limits, checked before the work they bound (400 naming the flag).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LimitArgs {
+    /// Longest rendered prompt, in characters, that is tokenized (default: max_model_len x
+    /// the vocabulary's longest token, the most that can still fit the context).
+    #[arg(long)]
+    pub max_prompt_chars: Option<usize>,
+    /// Prompts in one /v1/completions request.
+    #[arg(long, default_value_t = aphro_core::RequestLimits::default().max_prompts_per_request)]
+    pub max_prompts_per_request: usize,
+    /// Largest `n`.
+    #[arg(long, default_value_t = aphro_core::RequestLimits::default().max_n)]
+    pub max_n: usize,
+    /// Stop strings per request.
+    #[arg(long, default_value_t = aphro_core::RequestLimits::default().max_stop_strings)]
+    pub max_stop_strings: usize,
+    /// Characters of one stop string.
+    #[arg(long, default_value_t = aphro_core::RequestLimits::default().max_stop_string_chars)]
+    pub max_stop_string_chars: usize,
+    /// Tools in one chat request.
+    #[arg(long, default_value_t = aphro_core::RequestLimits::default().max_tools)]
+    pub max_tools: usize,
+}
+
+impl LimitArgs {
+    pub fn request_limits(&self) -> aphro_core::RequestLimits {
+        aphro_core::RequestLimits {
+            max_prompt_chars: self.max_prompt_chars,
+            max_prompts_per_request: self.max_prompts_per_request,
+            max_n: self.max_n,
+            max_stop_strings: self.max_stop_strings,
+            max_stop_string_chars: self.max_stop_string_chars,
+            max_tools: self.max_tools,
+        }
+    }
+}
+
+impl ServerArgs {
+    /// The listener settings these flags describe.
+    pub fn listen_config(&self) -> crate::server::ListenConfig {
+        crate::server::ListenConfig {
+            keep_alive: std::time::Duration::from_secs(self.timeout_keep_alive.max(1)),
+            max_connections: self
+                .max_connections
+                .unwrap_or_else(crate::server::default_max_connections),
+            shutdown_timeout: std::time::Duration::from_secs(self.shutdown_timeout),
+        }
+    }
+
+    pub fn body_read_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.request_body_timeout.max(1))
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -82,6 +149,7 @@ pub fn served_names(args: &ServerArgs, model: &str) -> Vec<String> {
 pub fn build_renderer(
     model: Arc<Model>,
     front: &FrontendArgs,
+    limits: aphro_core::RequestLimits,
     served: &[String],
     max_model_len: Option<usize>,
 ) -> anyhow::Result<Renderer> {
@@ -110,6 +178,7 @@ pub fn build_renderer(
         max_model_len,
         served_model_names: Some(served.to_vec()),
         strict_template_kwargs: !front.no_strict_chat_template_kwargs,
+        limits,
         ..RenderOptions::default()
     };
     if let Some(raw) = &front.default_chat_template_kwargs {

@@ -49,7 +49,10 @@ pub struct ServerSettings {
     pub max_model_len: usize,
     pub api_keys: Vec<String>,
     pub enable_request_id_headers: bool,
+    /// Largest request body, on every route that reads one (`--max-request-body-bytes`).
     pub max_body_bytes: usize,
+    /// Time a client has to send a whole body (`--request-body-timeout`).
+    pub body_read_timeout: std::time::Duration,
 }
 
 /// Engine liveness, shared between the step loop's error path and `/health`.
@@ -159,7 +162,10 @@ pub fn openapi_document(role: Role) -> utoipa::openapi::OpenApi {
 
 /// Build the router for `state.settings.role`.
 pub fn router(state: AppState) -> Router {
-    let limit = BodyLimit(state.settings.max_body_bytes);
+    let limit = BodyLimit {
+        max_bytes: state.settings.max_body_bytes,
+        read_timeout: state.settings.body_read_timeout,
+    };
     let keys = ApiKeys::new(state.settings.api_keys.clone());
     let (app, doc) = role_routes(state.settings.role).split_for_parts();
     let doc_json: Arc<str> = openapi::finish(doc)
@@ -205,14 +211,14 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             let metrics = metrics.clone();
             async move {
-                let method = req.method().as_str().to_owned();
+                let method = crate::metrics::method_label(req.method());
                 let handler = req
                     .extensions()
                     .get::<axum::extract::MatchedPath>()
                     .map(|p| p.as_str().to_owned())
                     .unwrap_or_else(|| "none".to_owned());
                 let resp = next.run(req).await;
-                metrics.observe_http(&method, resp.status().as_u16(), &handler);
+                metrics.observe_http(method, resp.status().as_u16(), &handler);
                 resp
             }
         }))
@@ -243,6 +249,7 @@ mod tests {
             api_keys: keys,
             enable_request_id_headers: false,
             max_body_bytes: 1024,
+            body_read_timeout: std::time::Duration::from_secs(5),
         })
     }
 
@@ -423,28 +430,41 @@ mod tests {
 }
 
 mod listen;
+pub use listen::{default_max_connections, ListenConfig};
 
-/// Bind and serve until the process is stopped; builds its own multi-threaded runtime.
+/// Bind and serve until SIGTERM/SIGINT, then drain gracefully (see [`listen::serve`]);
+/// builds its own multi-threaded runtime.
 pub fn run_blocking(
     state: AppState,
     host: &str,
     port: u16,
-    keep_alive_s: u64,
+    cfg: ListenConfig,
 ) -> std::io::Result<()> {
+    listen::raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let engine = state.engine.clone();
     let app = router(state);
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((host, port)).await?;
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, "aphro listening");
+        tracing::info!(%addr, max_connections = cfg.max_connections, "aphro listening");
         eprintln!("aphro listening on http://{addr}");
         listen::serve(
             listener,
             app,
-            std::time::Duration::from_secs(keep_alive_s.max(1)),
+            cfg,
+            listen::termination_signal(),
+            move || {
+                // Aborted requests end their streams with `finish_reason: "abort"` and `[DONE]`.
+                if let Some(engine) = engine {
+                    engine.shutdown();
+                }
+            },
         )
         .await
-    })
+    })?;
+    eprintln!("aphro: stopped");
+    Ok(())
 }
