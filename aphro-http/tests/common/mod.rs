@@ -38,13 +38,22 @@ fn free_port() -> u16 {
 impl Server {
     /// Start `aphro <args> --port P` and wait until `/health` answers.
     pub fn start(args: &[&str]) -> Server {
+        Self::start_logging_to(args, None)
+    }
+
+    /// As [`Self::start`], with the server's stderr (its log) written to `log`.
+    pub fn start_logging_to(args: &[&str], log: Option<&std::path::Path>) -> Server {
         let port = free_port();
+        let stderr = match log {
+            Some(p) => Stdio::from(std::fs::File::create(p).expect("log file")),
+            None => Stdio::inherit(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_aphro"))
             .args(args)
             .args(["--port", &port.to_string()])
             .env("APHRO_ASSETS", assets())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn aphro");
         let server = Server {
@@ -58,6 +67,35 @@ impl Server {
             }
             assert!(Instant::now() < deadline, "server did not become healthy");
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `host:port` of the listener.
+    pub fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_owned()
+    }
+
+    /// Send SIGTERM and wait (up to `within`) for the process to exit; its exit code.
+    pub fn terminate(&mut self, within: Duration) -> Option<i32> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -TERM failed");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
