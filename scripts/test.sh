@@ -6,6 +6,9 @@ export APHRO_ASSETS="${APHRO_ASSETS:-$PWD/.assets}"
 python3 scripts/fetch_assets.py --dest "$APHRO_ASSETS"
 cargo test --workspace --locked
 
+# Hostile traffic against the binary `cargo test` just built (CI size; see scripts/stress.sh).
+APHRO_STRESS_PROFILE=debug ./scripts/stress.sh --quick "$APHRO_ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
 # GPU backends. The `cuda` feature must build on a machine without the CUDA toolkit or a GPU
 # (burn-cuda loads libcuda/libnvrtc at run time), so CI type-checks it. The CubeCL kernels
 # themselves run for real through burn-wgpu on lavapipe, Mesa's CPU Vulkan driver; the test
