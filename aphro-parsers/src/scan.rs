@@ -47,6 +47,11 @@ pub(crate) fn is_py_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
+/// Python `s.strip()`.
+pub(crate) fn py_strip(s: &str) -> &str {
+    s.trim_matches(is_py_space)
+}
+
 /// Byte length of the trailing whitespace of `s` (what Python `s.rstrip()` removes).
 pub(crate) fn trailing_ws_len(s: &str) -> usize {
     s.len() - s.trim_end_matches(is_py_space).len()
@@ -70,9 +75,10 @@ mod tests {
 
     #[test]
     fn python_whitespace() {
-        // Python: "a \x1f\u3000\n".rstrip() == "a".
+        // Python: "a \x1f\u3000\n".rstrip() == "a"; " \x1c x\x1d ".strip() == "x".
         assert_eq!(trailing_ws_len("a \u{1f}\u{3000}\n"), 1 + 1 + 3 + 1);
-        assert_eq!(trailing_ws_len("a\u{200b}"), 0); // zero-width space is not whitespace
+        assert_eq!(py_strip(" \u{1c} x\u{1d} "), "x");
+        assert_eq!(py_strip("\u{200b}"), "\u{200b}"); // zero-width space is not whitespace
         assert_eq!(trailing_ws_len("a"), 0);
     }
 }
