@@ -112,11 +112,15 @@ fn think(cfg: ThinkConfig, ctx: &ParserConfig) -> Box<dyn ReasoningStage> {
 
 fn reasoning_stage(name: &str, ctx: &ParserConfig) -> Option<Box<dyn ReasoningStage>> {
     let disabled = thinking_flag(ctx) == Some(false);
-    let engine = |start, end, implicit| {
+    let engine = |start, end, implicit, rstrip_reasoning| {
         if disabled {
             Box::new(Passthrough::default()) as Box<dyn ReasoningStage>
         } else {
-            think(ThinkConfig::engine(start, end, implicit), ctx)
+            let cfg = ThinkConfig {
+                rstrip_reasoning,
+                ..ThinkConfig::engine(start, end, implicit)
+            };
+            think(cfg, ctx)
         }
     };
     Some(match name {
@@ -134,9 +138,18 @@ fn reasoning_stage(name: &str, ctx: &ParserConfig) -> Option<Box<dyn ReasoningSt
             },
             ctx,
         ),
-        "qwen3" | "glm45" | "glm47" => engine("<think>", "</think>", &["<tool_call>"]),
-        "minimax_m2" => engine("<think>", "</think>", &["<minimax:tool_call>"]),
-        "seed_oss" => engine("<seed:think>", "</seed:think>", &["<seed:tool_call>"]),
+        // Reasoning whitespace (`ThinkConfig::rstrip_reasoning`): vLLM's engine grammars rstrip
+        // the reasoning by default; `vllm/parser/qwen3.py` turns that off for qwen3 and the
+        // seed_oss grammar it shares, `glm47_moe.py` and `minimax_m2.py` keep it on.
+        "qwen3" => engine("<think>", "</think>", &["<tool_call>"], false),
+        "glm45" | "glm47" => engine("<think>", "</think>", &["<tool_call>"], true),
+        "minimax_m2" => engine("<think>", "</think>", &["<minimax:tool_call>"], true),
+        "seed_oss" => engine(
+            "<seed:think>",
+            "</seed:think>",
+            &["<seed:tool_call>"],
+            false,
+        ),
         "kimi_k2" if disabled => Box::new(Passthrough::default()),
         "kimi_k2" => think(
             ThinkConfig {
@@ -145,10 +158,12 @@ fn reasoning_stage(name: &str, ctx: &ParserConfig) -> Option<Box<dyn ReasoningSt
             },
             ctx,
         ),
+        // `vllm/parser/mistral.py`: strip_trailing_reasoning_whitespace=True.
         "mistral" => Box::new(ThinkStage::new(
             ThinkConfig {
                 start_in_reasoning: false,
                 start_in_content: true,
+                rstrip_reasoning: true,
                 ..ThinkConfig::engine("[THINK]", "[/THINK]", &["[TOOL_CALLS]"])
             },
             false,

@@ -40,9 +40,21 @@ pub(crate) fn partial_suffix_len(buf: &str, markers: &[&str]) -> usize {
     0
 }
 
-/// Byte length of the trailing whitespace of `s`.
+/// Python's `str.isspace` for one character: Unicode `White_Space` plus the information
+/// separators U+001C..U+001F, which Python counts as whitespace and Rust does not. vLLM's
+/// `.strip()` / `.rstrip()` / `.strip() == ""` checks use this set.
+pub(crate) fn is_py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python `s.strip()`.
+pub(crate) fn py_strip(s: &str) -> &str {
+    s.trim_matches(is_py_space)
+}
+
+/// Byte length of the trailing whitespace of `s` (what Python `s.rstrip()` removes).
 pub(crate) fn trailing_ws_len(s: &str) -> usize {
-    s.len() - s.trim_end().len()
+    s.len() - s.trim_end_matches(is_py_space).len()
 }
 
 #[cfg(test)]
@@ -59,5 +71,14 @@ mod tests {
             find_earliest("a</think>b<think>", &["<think>", "</think>"]),
             Some((1, 1))
         );
+    }
+
+    #[test]
+    fn python_whitespace() {
+        // Python: "a \x1f\u3000\n".rstrip() == "a"; " \x1c x\x1d ".strip() == "x".
+        assert_eq!(trailing_ws_len("a \u{1f}\u{3000}\n"), 1 + 1 + 3 + 1);
+        assert_eq!(py_strip(" \u{1c} x\u{1d} "), "x");
+        assert_eq!(py_strip("\u{200b}"), "\u{200b}"); // zero-width space is not whitespace
+        assert_eq!(trailing_ws_len("a"), 0);
     }
 }

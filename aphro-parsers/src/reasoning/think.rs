@@ -25,7 +25,13 @@ pub struct ThinkConfig {
     pub engine: bool,
     /// A start marker in content opens reasoning again (Mistral `[THINK]`).
     pub start_in_content: bool,
-    /// Trailing whitespace of the reasoning is removed (Kimi-K2).
+    /// The reasoning text is `rstrip()`ed: vLLM's parser engine joins every reasoning chunk and
+    /// rstrips the result when the grammar keeps `strip_trailing_reasoning_whitespace` (default
+    /// `True` in `vllm/parser/engine/parser_engine_config.py`; `parser_engine.py`
+    /// `extract_reasoning` / `_single_pass_parse`). On for `glm45`/`glm47`, `minimax_m2`,
+    /// `mistral`, `kimi_k2`; off for `qwen3` and `seed_oss` (`vllm/parser/qwen3.py`).
+    /// Whitespace is held back until more reasoning text follows, so whitespace that ends one
+    /// reasoning block survives when a later block (Mistral `[THINK]` again) continues it.
     pub rstrip_reasoning: bool,
     /// Markers that end reasoning implicitly and stay in the content (tool-call openers of the
     /// same engine grammar, e.g. Qwen3's `<tool_call>`).
@@ -128,8 +134,9 @@ impl ThinkStage {
         }
     }
 
+    /// Held trailing whitespace stays held: it is emitted if reasoning resumes with more text
+    /// (the rstrip applies to the joined reasoning), dropped at `finish`.
     fn end_reasoning(&mut self) {
-        self.held_ws.clear();
         self.state = State::Content;
     }
 
@@ -192,9 +199,6 @@ impl ThinkStage {
                             let cut = self.pending.len() - hold;
                             let s: String = self.pending.drain(..cut).collect();
                             self.emit_reasoning(&s, out);
-                            if final_ {
-                                self.held_ws.clear();
-                            }
                             return;
                         }
                     }
@@ -242,6 +246,8 @@ impl ReasoningStage for ThinkStage {
 
     fn finish(&mut self, out: &mut StageOut) {
         self.run(out, true);
+        // What is still held is trailing whitespace of the whole reasoning: rstripped.
+        self.held_ws.clear();
     }
 
     fn snapshot(&self) -> ReasoningSnapshot {

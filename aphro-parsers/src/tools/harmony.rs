@@ -44,6 +44,12 @@ fn header_kind(header: &str) -> (&str, Option<&str>) {
 }
 
 impl ToolFormat for Harmony {
+    /// `vllm/parser/harmony.py` `HarmonyParser.parse` builds the content itself
+    /// (`"\n".join(parts) or None`), without `DelegatingParser`'s whitespace rule.
+    fn delegated(&self) -> bool {
+        false
+    }
+
     fn parse(&self, text: &str, _ctx: &ParserConfig) -> ToolOutput {
         let mut content: Option<String> = None;
         let mut reasoning: Option<String> = None;

@@ -4,7 +4,7 @@
 //! [`EarlyScan`] that reports them as they do. [`FormatStage`] is the incremental driver shared
 //! by all formats.
 use crate::config::{ParserConfig, ToolChoice};
-use crate::scan::{find_earliest, partial_suffix_len, trailing_ws_len};
+use crate::scan::{find_earliest, is_py_space, partial_suffix_len, py_strip, trailing_ws_len};
 pub(crate) use crate::snapshot::ScanSnapshot;
 use crate::snapshot::{FormatSnapshot, SentCall, ToolSnapshot};
 use crate::{DeltaMessage, DeltaToolCall};
@@ -114,6 +114,12 @@ pub trait ToolFormat: Send + Sync {
     }
     fn id_style(&self) -> IdStyle {
         IdStyle::Chatcmpl
+    }
+    /// vLLM runs this parser behind `DelegatingParser` (`vllm/parser/abstract_parser.py`),
+    /// whose `_extract_tool_calls` post-processes the content (whitespace-only content with
+    /// calls → null). False for gpt-oss, whose `HarmonyParser` returns its own content.
+    fn delegated(&self) -> bool {
+        true
     }
     /// The incremental scanner that reports calls before the end of the output, for formats
     /// where a call can become final early (see [`EarlyScan`]). `None`: calls at `finish()`.
@@ -575,10 +581,10 @@ impl FormatStage {
         // grows); a restored stage no longer holds the start of that content.
         if self.emitted == 0 {
             // Whitespace-only content may still become null.
-            if region.trim().is_empty() {
+            if py_strip(region).is_empty() {
                 return;
             }
-            if strip && region.starts_with(char::is_whitespace) {
+            if strip && region.starts_with(is_py_space) {
                 return; // stripped if calls follow, kept if not: undecidable until the end
             }
         }
@@ -590,6 +596,14 @@ impl FormatStage {
             out.push_content(&self.buf[self.emitted..end]);
             self.emitted = end;
         }
+    }
+
+    /// `tool_choice` `required` or a named function: the message always has a content string.
+    fn forced(&self) -> bool {
+        matches!(
+            self.ctx.tool_choice,
+            ToolChoice::Required | ToolChoice::Named(_)
+        )
     }
 
     /// Final (content, reasoning, calls) of the whole text under the request's gating.
@@ -605,8 +619,9 @@ impl FormatStage {
                 };
                 let cut = find_earliest(&self.buf, openers).map_or(self.buf.len(), |x| x.0);
                 let c = &self.buf[..cut];
+                // `_strip_content_whitespace` ends in `content or None`.
                 ToolOutput {
-                    content: (!c.is_empty() || self.buf.is_empty()).then(|| c.to_string()),
+                    content: nonempty(c),
                     ..Default::default()
                 }
             }
@@ -614,6 +629,26 @@ impl FormatStage {
             // so vLLM 0.33.0 parses like auto (see corpus `hermes-tool-choice-*`).
             _ => {
                 let mut o = self.fmt.parse(&self.buf, &self.ctx);
+                let blank = o.content.as_deref().is_some_and(|c| py_strip(c).is_empty());
+                if self.fmt.delegated() {
+                    // `DelegatingParser._extract_tool_calls`: with calls,
+                    // `if content and content.strip() == "": content = None` ("" stays "").
+                    if !o.calls.is_empty() && blank && o.content.as_deref() != Some("") {
+                        o.content = None;
+                    }
+                    // No calls from an engine parser: `tool_call_info.content or None`.
+                    if o.calls.is_empty() && self.fmt.engine() && o.content.as_deref() == Some("") {
+                        o.content = None;
+                    }
+                }
+                if self.forced() {
+                    // Required/named parsed like auto with no call: None or whitespace-only
+                    // content → None (`_extract_tool_calls`); message assembly
+                    // (`chat_completion/message_assembly.py`) then sends `content or ""`.
+                    if o.content.is_none() || (self.fmt.delegated() && blank) {
+                        o.content = Some(String::new());
+                    }
+                }
                 if !self.ctx.parallel_tool_calls {
                     o.calls.truncate(1);
                 }
@@ -707,6 +742,10 @@ impl ToolStage for FormatStage {
 
     fn finish(&mut self, out: &mut DeltaMessage) {
         if !self.present {
+            // No content at all (the reasoning took everything): forced choices still get "".
+            if self.forced() {
+                out.push_content("");
+            }
             return;
         }
         let o = self.final_output();
@@ -823,6 +862,6 @@ pub(crate) fn nonempty(s: &str) -> Option<String> {
 
 /// Engine-style content: stripped, whitespace-only → None.
 pub(crate) fn stripped(s: &str) -> Option<String> {
-    let t = s.trim();
+    let t = py_strip(s);
     (!t.is_empty()).then(|| t.to_string())
 }
