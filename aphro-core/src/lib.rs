@@ -11,6 +11,7 @@ pub mod detokenizer;
 pub mod error;
 pub mod gguf;
 pub mod gguf_tokenizer;
+pub mod http_client;
 pub mod limits;
 pub mod model;
 pub mod protocol;

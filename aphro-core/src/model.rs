@@ -215,7 +215,8 @@ const HUB_FILES: [&str; 6] = [
 ];
 
 /// Resolves a hub id to a local snapshot dir: the cache first, then (unless offline) a
-/// download through hf-hub.
+/// download through hf-hub from `HF_ENDPOINT` (default huggingface.co). hf-hub's agents trust
+/// the platform store / `SSL_CERT_FILE` (ureq's `native-certs`) and read the proxy variables.
 pub fn resolve_hub(repo_id: &str, opts: &LoadOptions) -> Result<PathBuf> {
     let cache_dir = hub_cache_dir(opts);
     let revision = opts.revision.clone().unwrap_or_else(|| "main".to_owned());
@@ -237,15 +238,21 @@ pub fn resolve_hub(repo_id: &str, opts: &LoadOptions) -> Result<PathBuf> {
             cache_dir.display()
         )));
     }
-    let api = hf_hub::api::sync::ApiBuilder::new()
+    let mut builder = hf_hub::api::sync::ApiBuilder::new()
         .with_cache_dir(cache_dir.clone())
-        .with_progress(false)
-        .build()
-        .map_err(|e| {
-            Error::ModelFiles(format!(
-                "model `{repo_id}`: cannot start the hub client: {e}"
-            ))
-        })?;
+        .with_progress(false);
+    // A hub mirror, as huggingface_hub reads it.
+    if let Some(endpoint) = std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.trim().is_empty())
+    {
+        builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_owned());
+    }
+    let api = builder.build().map_err(|e| {
+        Error::ModelFiles(format!(
+            "model `{repo_id}`: cannot start the hub client: {e}"
+        ))
+    })?;
     let api_repo = api.repo(repo);
     let tok = api_repo.get("tokenizer.json").map_err(|e| {
         Error::ModelFiles(format!(
