@@ -87,9 +87,7 @@ impl ServerArgs {
     pub fn listen_config(&self) -> crate::server::ListenConfig {
         crate::server::ListenConfig {
             keep_alive: std::time::Duration::from_secs(self.timeout_keep_alive.max(1)),
-            max_connections: self
-                .max_connections
-                .unwrap_or_else(crate::server::default_max_connections),
+            max_connections: self.max_connections,
             shutdown_timeout: std::time::Duration::from_secs(self.shutdown_timeout),
         }
     }

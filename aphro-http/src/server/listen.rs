@@ -20,7 +20,8 @@ pub struct ListenConfig {
     /// connection this long for its request headers (slow or silent clients are closed).
     pub keep_alive: Duration,
     /// Open connections served at once; the ones over it get a 503 and are closed.
-    pub max_connections: usize,
+    /// `None`: [`default_max_connections`], read after the open-files limit is raised.
+    pub max_connections: Option<usize>,
     /// After SIGTERM/SIGINT, running requests get this long to finish before they are
     /// aborted (each stream still ends with its final event).
     pub shutdown_timeout: Duration,
@@ -88,7 +89,8 @@ pub async fn serve(
     abort_in_flight: impl FnOnce(),
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(cfg.max_connections.max(1)));
+    let max_connections = cfg.max_connections.unwrap_or_else(default_max_connections);
+    let permits = Arc::new(Semaphore::new(max_connections.max(1)));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

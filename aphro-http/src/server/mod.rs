@@ -449,7 +449,8 @@ pub fn run_blocking(
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((host, port)).await?;
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, max_connections = cfg.max_connections, "aphro listening");
+        let max_connections = cfg.max_connections.unwrap_or_else(default_max_connections);
+        tracing::info!(%addr, max_connections, "aphro listening");
         eprintln!("aphro listening on http://{addr}");
         listen::serve(
             listener,
