@@ -454,3 +454,121 @@ fn integrated_stream_shapes_multi_prompt_streaming_and_request_metrics() {
         "{text}"
     );
 }
+
+/// Stop strings end requests on the integrated OpenAI routes: the engine finishes the
+/// request at the token that completes one (no chunk after the finish chunk, no tokens
+/// generated past it), the text is cut as vLLM cuts it, and `stop_reason` names the string.
+#[test]
+fn integrated_routes_stop_at_stop_strings() {
+    let model = gguf();
+    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    args.extend(engine_flags());
+    let s = Server::start(&args);
+    let completion = |extra: Value| {
+        let mut body = json!({"model": "smol", "prompt": "1, 2, 3, 4,", "max_tokens": 20,
+                              "temperature": 0, "ignore_eos": true});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let (status, text) = s.post("/v1/completions", &body, &[]);
+        assert_eq!(status, 200, "{text}");
+        json(&text)
+    };
+    let free = completion(json!({}));
+    let full = free["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_owned();
+    assert_eq!(free["choices"][0]["finish_reason"], "length");
+    // A stop string from the middle of the free-running text.
+    let mid = full
+        .char_indices()
+        .nth(full.chars().count() / 2)
+        .map_or(0, |(i, _)| i);
+    let stop: String = full[mid..].chars().take(2).collect();
+    let cut = full.find(&stop).expect("stop occurs");
+    let before = metric(&s, "vllm:generation_tokens_total");
+    let stopped = completion(json!({"stop": [stop.clone()]}));
+    let c = &stopped["choices"][0];
+    assert_eq!(c["text"], full[..cut], "{stopped}");
+    assert_eq!(c["finish_reason"], "stop");
+    assert_eq!(c["stop_reason"], stop);
+    // The engine generated exactly what was returned, not max_tokens.
+    let returned = stopped["usage"]["completion_tokens"]
+        .as_f64()
+        .expect("usage");
+    assert!(returned < 20.0, "{stopped}");
+    wait_until("generation metric", || {
+        metric(&s, "vllm:generation_tokens_total") - before == returned
+    });
+    // A plain string, and include_stop_str_in_output.
+    let one = completion(json!({"stop": stop.clone(), "include_stop_str_in_output": true}));
+    assert_eq!(one["choices"][0]["text"], full[..cut + stop.len()], "{one}");
+    // min_tokens past the stop string's position: the stop is not honoured before it.
+    let late = completion(json!({"stop": [stop.clone()], "min_tokens": 20}));
+    assert_eq!(late["choices"][0]["finish_reason"], "length", "{late}");
+
+    // Chat, non-streaming and streaming.
+    let chat_body = |extra: Value, stream: bool| {
+        let mut body = json!({"model": "smol", "max_tokens": 16, "temperature": 0,
+            "ignore_eos": true, "stream": stream,
+            "messages": [{"role": "user", "content": "Count from one to twenty in words."}]});
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let (_, text) = s.post("/v1/chat/completions", &chat_body(json!({}), false), &[]);
+    let free = json(&text);
+    let content = free["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned();
+    let mid = content
+        .char_indices()
+        .nth(content.chars().count() / 2)
+        .map_or(0, |(i, _)| i);
+    let stop: String = content[mid..].chars().take(2).collect();
+    let cut = content.find(&stop).expect("stop occurs");
+    let (_, text) = s.post(
+        "/v1/chat/completions",
+        &chat_body(json!({"stop": [stop.clone()]}), false),
+        &[],
+    );
+    let stopped = json(&text);
+    assert_eq!(
+        stopped["choices"][0]["message"]["content"],
+        content[..cut],
+        "{stopped}"
+    );
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    assert_eq!(stopped["choices"][0]["stop_reason"], stop);
+    let events = stream_post(
+        &s.base,
+        "/v1/chat/completions",
+        &chat_body(json!({"stop": [stop.clone()]}), true),
+    );
+    let (usage, chunks) = events.split_last().expect("usage chunk");
+    let finish_at = chunks
+        .iter()
+        .position(|c| !c["choices"][0]["finish_reason"].is_null())
+        .expect("a finish chunk");
+    assert_eq!(
+        finish_at,
+        chunks.len() - 1,
+        "chunks after the finish chunk: {events:?}"
+    );
+    assert_eq!(chunks[finish_at]["choices"][0]["finish_reason"], "stop");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, content[..cut]);
+    assert_eq!(
+        usage["usage"]["completion_tokens"],
+        stopped["usage"]["completion_tokens"]
+    );
+}

@@ -603,9 +603,14 @@ impl ServingEngine {
         };
         self.engine.validate(&ereq)?;
 
+        // Stop strings end a request in every output mode that has a tokenizer: in tokens
+        // mode (the integrated OpenAI routes, disaggregated generate) the text is decoded
+        // only to find them, and the choice ends at the token that completes one.
         let text_spec = match (mode, &self.tokenizer) {
-            (OutputMode::Tokens, _) | (_, None) => None,
+            (_, None) => None,
+            (OutputMode::Tokens, _) if sp.stop.is_empty() => None,
             (_, Some(tok)) => Some(TextSpec {
+                emit_text: mode != OutputMode::Tokens,
                 tokenizer: Arc::clone(tok),
                 options: DetokenizeOptions {
                     skip_special_tokens: sp.skip_special_tokens,

@@ -31,6 +31,9 @@ pub(crate) struct TextSpec {
     pub stop: Vec<String>,
     pub include_stop_str_in_output: bool,
     pub min_tokens: usize,
+    /// Text mode: the deltas carry text. Tokens mode with stop strings decodes only to find
+    /// them (the request still ends, and its KV is freed, at the stop string).
+    pub emit_text: bool,
 }
 
 struct TextState {
@@ -92,9 +95,9 @@ impl ChoiceState {
         }
     }
 
-    /// Whether stop strings can end this choice before the engine does.
+    /// Whether the deltas carry text (text mode).
     pub fn is_text(&self) -> bool {
-        self.text.is_some()
+        self.text.as_ref().is_some_and(|t| t.spec.emit_text)
     }
 
     /// Process one engine output. Returns `None` when the choice already finished.
@@ -151,7 +154,9 @@ impl ChoiceState {
                 }
                 None => {}
             }
-            text = Some(released);
+            if ts.spec.emit_text {
+                text = Some(released);
+            }
         }
         if finish_reason.is_some() {
             self.finished = true;
@@ -159,13 +164,13 @@ impl ChoiceState {
         self.completion_tokens += token_ids.len();
         let logprobs = if self.want_logprobs {
             Some(match &self.text {
-                Some(ts) => chat_logprobs(
+                Some(ts) if ts.spec.emit_text => chat_logprobs(
                     &ts.spec.tokenizer,
                     &token_ids,
                     lps.as_deref(),
                     self.chat_cut,
                 ),
-                None => tokens_logprobs(&token_ids, lps.as_deref()),
+                _ => tokens_logprobs(&token_ids, lps.as_deref()),
             })
         } else {
             None
