@@ -145,20 +145,7 @@ pub fn is_json_content_type(value: Option<&str>) -> bool {
 /// `json.loads` refuses them.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let value = deserialize_with_path(de)?;
-    de.end().map_err(|e| {
-        ApiError::validation(format!(
-            "1 validation error:\n  {{'loc': 'body', 'msg': 'JSON decode error: {e}'}}"
-        ))
-        .with_param("body")
-    })?;
-    Ok(value)
-}
-
-fn deserialize_with_path<'de, T: DeserializeOwned>(
-    de: &mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>,
-) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(de).map_err(|err| {
+    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
         let msg = inner.to_string();
@@ -185,7 +172,14 @@ fn deserialize_with_path<'de, T: DeserializeOwned>(
             "1 validation error:\n  {{'loc': '{loc}', 'msg': '{what}'}}"
         ))
         .with_param(loc)
-    })
+    })?;
+    de.end().map_err(|e| {
+        ApiError::validation(format!(
+            "1 validation error:\n  {{'loc': 'body', 'msg': 'JSON decode error: {e}'}}"
+        ))
+        .with_param("body")
+    })?;
+    Ok(value)
 }
 
 impl<T, S> FromRequest<S> for JsonBody<T>

@@ -443,7 +443,7 @@ impl ServingEngine {
         Ok(req)
     }
 
-    /// [`Self::parse_request`] for a body split by [`split_generate_body`].
+    /// [`Self::parse_request`] for a body read as a [`GenerateBody`].
     pub fn parse_request_body(&self, body: GenerateBody) -> Result<GenerateRequest, ServingError> {
         let GenerateBody {
             token_ids,
@@ -754,8 +754,6 @@ impl ServingEngine {
     }
 }
 
-/// Decode a generate body without a model (structural errors → 400 "Bad Request"); an absent
-/// `sampling_params.max_tokens` becomes `None`.
 /// A generate body read straight from its bytes: `token_ids` become a `Vec<u32>` directly
 /// (a JSON value per id would cost ~8x the body), everything else a JSON object.
 #[derive(Debug)]
@@ -789,52 +787,17 @@ impl<'de> serde::de::Visitor<'de> for Split {
         })
     }
 }
+
+/// A front end parses a [`GenerateBody`] with its own path-aware, strict reader (the HTTP
+/// server's `parse_json`).
 impl<'de> serde::Deserialize<'de> for GenerateBody {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_map(Split)
     }
 }
 
-/// Parse a generate request body (strict JSON, no trailing bytes). Structural errors name
-/// the field (`body.token_ids[3]`).
-pub fn split_generate_body(bytes: &[u8]) -> Result<GenerateBody, ServingError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let result = serde_path_to_error::deserialize::<_, GenerateBody>(&mut *de);
-    match result {
-        Ok(body) => {
-            de.end().map_err(|e| {
-                ServingError::validation(
-                    format!(
-                        "1 validation error:\n  {{'loc': 'body', 'msg': 'JSON decode error: {e}'}}"
-                    ),
-                    "body",
-                )
-            })?;
-            Ok(body)
-        }
-        Err(err) => {
-            let path = err.path().to_string();
-            let inner = err.into_inner();
-            let loc = if path == "." || path.is_empty() {
-                "body".to_owned()
-            } else {
-                format!("body.{path}")
-            };
-            let msg = if inner.is_syntax() || inner.is_eof() {
-                format!("JSON decode error: {inner}")
-            } else if loc == "body" && inner.to_string().contains("a valid dictionary") {
-                "body: Input should be a valid dictionary".to_owned()
-            } else {
-                inner.to_string()
-            };
-            Err(ServingError::validation(
-                format!("1 validation error:\n  {{'loc': '{loc}', 'msg': '{msg}'}}"),
-                &loc,
-            ))
-        }
-    }
-}
-
+/// Decode a generate body without a model (structural errors → 400 "Bad Request"); an absent
+/// `sampling_params.max_tokens` becomes `None`.
 pub fn parse_generate_request(body: &Value) -> Result<GenerateRequest, ServingError> {
     if !body.is_object() {
         return Err(ServingError::validation(

@@ -10,7 +10,7 @@ use super::AppState;
 use crate::error::{json_response, ApiError};
 use crate::extract::{is_json_content_type, LimitedBytes};
 use crate::sse::sse_response;
-use aphro_engine::serving::{split_generate_body, GenerateBody, ServingEngine, ServingError};
+use aphro_engine::serving::{GenerateBody, ServingEngine, ServingError};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -70,7 +70,7 @@ fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<GenerateBody, ApiError>
             "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
         ));
     }
-    Ok(split_generate_body(body)?)
+    crate::extract::parse_json::<GenerateBody>(body)
 }
 
 /// Token ids in, token ids (or text, or a derendered message) out; SSE when `stream`.
