@@ -459,6 +459,13 @@ impl Renderer {
             }
             self.check_prompt_len(ids.len())?;
             let max_tokens = self.resolve_max_tokens(req.max_tokens, ids.len())?;
+            // `echo` with `max_tokens: 0` returns the prompt alone; vLLM still generates one
+            // token (and counts it in usage) and the response leaves it out.
+            let max_tokens = if req.echo && req.max_tokens == Some(0) {
+                1
+            } else {
+                max_tokens
+            };
             let mut sp = self.completion_sampling_params(req, max_tokens);
             sp.normalize_and_validate()?;
             self.options.limits.check_sampling(&sp)?;
@@ -1012,6 +1019,13 @@ fn validate_completion(req: &CompletionRequest) -> Result<()> {
             "prompt_logprobs",
             "`prompt_logprobs` must be a positive value or -1, got {v}.",
         )?;
+        if req.stream && (p > 0 || p == -1) {
+            return Err(Error::invalid_param(
+                "`prompt_logprobs` are not available when `stream=True`.",
+                "prompt_logprobs",
+                p,
+            ));
+        }
     }
     if let Some(salt) = &req.cache_salt {
         let n = salt.chars().count();

@@ -110,3 +110,125 @@ def test_chat_stop_strings(client):
     assert with_choices[-1].choices[0].finish_reason == "stop"
     assert [c.choices[0].finish_reason for c in with_choices[:-1]] == [None] * (len(with_choices) - 1)
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+# --- echo and prompt_logprobs, as vLLM's serving_completion / serving_chat return them ---
+
+
+def _prompt_ids(client, prompt: str) -> list[int]:
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    return r.choices[0].prompt_token_ids
+
+
+def test_completion_echo_text(client):
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, **GREEDY)
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, echo=True, **GREEDY)
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    assert echoed.usage == plain.usage
+    # A token prompt is echoed as its decoded text.
+    ids = _prompt_ids(client, PROMPT)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=5, echo=True, **GREEDY)
+    assert by_ids.choices[0].text == PROMPT + plain.choices[0].text
+    # max_tokens=0: the prompt alone; vLLM still generates (and counts) one token.
+    only = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True)
+    assert only.choices[0].text == PROMPT
+    assert only.usage.completion_tokens == 1
+    # Without echo, max_tokens=0 stays a 400.
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
+    # Streamed: the first chunk carries the prompt, the concatenation is the same text.
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=5, echo=True, stream=True, **GREEDY))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert texts[0].startswith(PROMPT)
+    assert "".join(texts) == echoed.choices[0].text
+
+
+def test_completion_echo_logprobs(client):
+    n_prompt = len(_prompt_ids(client, PROMPT))
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=1, **GREEDY)
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=1, echo=True, **GREEDY)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == n_prompt + 4
+    assert "".join(lp.tokens) == r.choices[0].text
+    # The first prompt position has no logprob; every other one has its candidates.
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(v, float) for v in lp.token_logprobs[1:])
+    assert all(1 <= len(t) <= 2 for t in lp.top_logprobs[1:])
+    # Offsets run through the prompt and on into the generated text.
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    # The generated positions are those of the plain request, moved past the prompt.
+    assert lp.tokens[n_prompt:] == plain.choices[0].logprobs.tokens
+    assert lp.token_logprobs[n_prompt:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
+    # The prompt positions are the prompt logprobs of the same prompt.
+    pl = r.choices[0].prompt_logprobs
+    ids = _prompt_ids(client, PROMPT)
+    assert len(pl) == n_prompt and pl[0] is None
+    for i in range(1, n_prompt):
+        assert lp.token_logprobs[i] == pytest.approx(pl[i][str(ids[i])]["logprob"])
+    # Streamed, the same positions come back across the chunks.
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=1, echo=True, stream=True, **GREEDY))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert sum((s.tokens for s in streamed), []) == lp.tokens
+    assert sum((s.text_offset for s in streamed), []) == lp.text_offset
+    # max_tokens=0 with logprobs: only the prompt positions.
+    only = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, logprobs=1, echo=True)
+    assert only.choices[0].logprobs.tokens == lp.tokens[:n_prompt]
+
+
+def test_prompt_logprobs_match_decoding(client):
+    """Each prompt position's logprob is the one the model gives that token when it is
+    generated after the prefix: prefill and decode agree."""
+    ids = _prompt_ids(client, PROMPT)
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0,
+                                  extra_body={"prompt_logprobs": 3})
+    pl = r.choices[0].prompt_logprobs
+    assert len(pl) == len(ids) and pl[0] is None
+    for i in range(1, len(ids)):
+        entry = pl[i]
+        assert str(ids[i]) in entry
+        assert 1 <= len(entry) <= 4  # the prompt token and the top 3
+        # The top 3 candidates, one of which may be the prompt token itself.
+        assert {v["rank"] for v in entry.values()} >= {1, 2, 3}
+    for i in (2, len(ids) - 1):
+        step = client.completions.create(model=MODEL, prompt=ids[:i], max_tokens=1, temperature=0,
+                                         logprobs=20)
+        want = pl[i][str(ids[i])]
+        candidates = step.choices[0].logprobs.top_logprobs[0]
+        assert want["decoded_token"] in candidates, (i, want, candidates)
+        assert candidates[want["decoded_token"]] == pytest.approx(want["logprob"], abs=2e-3)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+        extra_body={"prompt_logprobs": 0})
+    assert len(chat.prompt_logprobs) == chat.usage.prompt_tokens
+    assert chat.prompt_logprobs[0] is None
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+
+
+def test_chat_echo(client):
+    messages = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hello"}]
+    body = {"add_generation_prompt": False, "continue_final_message": True, "echo": True,
+            "ignore_eos": True}
+    plain = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=3, temperature=0,
+        extra_body={k: v for k, v in body.items() if k != "echo"})
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3,
+                                       temperature=0, extra_body=body)
+    assert r.choices[0].message.content == "Hello" + plain.choices[0].message.content
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=3, temperature=0, stream=True, extra_body=body))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    assert deltas[:2] == ["", "Hello"]
+    assert "".join(d or "" for d in deltas) == r.choices[0].message.content
+    # The last message is the user's: nothing to echo with a generation prompt.
+    q = client.chat.completions.create(
+        model=MODEL, messages=messages[:1], max_tokens=3, temperature=0,
+        extra_body={"echo": True, "ignore_eos": True})
+    q_plain = client.chat.completions.create(
+        model=MODEL, messages=messages[:1], max_tokens=3, temperature=0,
+        extra_body={"ignore_eos": True})
+    assert q.choices[0].message.content == q_plain.choices[0].message.content

@@ -189,3 +189,56 @@ pub(crate) fn completion_entries(
         advance(ctx, &[e.token_id]);
     }
 }
+
+/// The prompt positions of an echoed completion, as vLLM's `_create_completion_logprobs`
+/// shows `prompt_logprobs` (`{"<id>": {"logprob", "rank", "decoded_token"}}` per position,
+/// `null` first): a `null` position gets its token text and no logprob; the others the
+/// prompt token's logprob and the first `k + 1` candidates of the position (all for `k = -1`
+/// or with `logprob_token_ids`). `offset` continues across the output tokens that follow.
+pub(crate) fn prompt_completion_entries(
+    show: &TokenShow<'_>,
+    ids: &[u32],
+    prompt_logprobs: &[Value],
+    k: i64,
+    return_all: bool,
+    offset: &mut u64,
+    out: &mut CompletionLogProbs,
+) {
+    let limit = if return_all || k < 0 {
+        usize::MAX
+    } else {
+        usize::try_from(k).map_or(usize::MAX, |k| k.saturating_add(1))
+    };
+    let shown = |id: u32, entry: Option<&Value>| -> String {
+        if show.as_ids {
+            return show.text(id);
+        }
+        entry
+            .and_then(|e| e.get("decoded_token"))
+            .and_then(Value::as_str)
+            .map_or_else(|| show.text(id), str::to_owned)
+    };
+    let logprob_of = |e: &Value| clamp(e.get("logprob").and_then(Value::as_f64).unwrap_or(-9999.0));
+    for (i, &id) in ids.iter().enumerate() {
+        let position = prompt_logprobs.get(i).and_then(Value::as_object);
+        let (token, logprob, top) = match position {
+            None => (show.text(id), None, None),
+            Some(m) => {
+                let own = m.get(&id.to_string());
+                let mut top = Map::new();
+                for (key, e) in m.iter().take(limit) {
+                    let Ok(cand) = key.parse::<u32>() else {
+                        continue;
+                    };
+                    top.insert(shown(cand, Some(e)), Value::from(logprob_of(e)));
+                }
+                (shown(id, own), own.map(logprob_of), Some(top))
+            }
+        };
+        out.text_offset.push(*offset);
+        *offset = offset.saturating_add(token.chars().count() as u64);
+        out.token_logprobs.push(logprob);
+        out.tokens.push(token);
+        out.top_logprobs.push(top);
+    }
+}

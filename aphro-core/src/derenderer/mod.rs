@@ -122,6 +122,8 @@ pub struct ChatContext {
     pub(crate) top_logprobs: i64,
     pub(crate) as_ids: bool,
     pub(crate) return_token_ids: bool,
+    /// `echo`: the text put before every choice's content.
+    pub(crate) echo: Option<String>,
 }
 
 /// Per-request settings of a completion derender.
@@ -133,8 +135,58 @@ pub struct CompletionContext {
     pub(crate) ignore_eos: bool,
     pub(crate) include_stop_str: bool,
     pub(crate) logprobs: i64,
+    /// `logprob_token_ids`: every candidate of a position is shown.
+    pub(crate) all_candidates: bool,
     pub(crate) as_ids: bool,
     pub(crate) return_token_ids: bool,
+}
+
+/// What `echo` puts before one prompt's completion choices (vLLM's completion serving).
+#[derive(Debug, Clone)]
+pub(crate) struct EchoPrompt {
+    /// The prompt's text: the string sent, or the decoded ids of a token prompt; `""` with
+    /// `return_token_ids`.
+    text: String,
+    ids: Vec<u32>,
+    /// `max_tokens: 0`: the prompt alone; the one token generated for it is left out.
+    only_prompt: bool,
+}
+
+/// The text of prompt `i` of a completion request, when it was sent as text.
+fn prompt_text(p: &crate::protocol::PromptInput, i: usize) -> Option<&str> {
+    use crate::protocol::PromptInput;
+    match p {
+        PromptInput::Text(s) if i == 0 => Some(s),
+        PromptInput::Texts(v) => v.get(i).map(String::as_str),
+        _ => None,
+    }
+}
+
+/// The content `echo` puts before a chat answer (vLLM's chat serving): the last message's
+/// content when its role is the answer's role (the last message's own role when
+/// `add_generation_prompt` is off, else `assistant`); text parts are joined with newlines.
+pub fn chat_echo_text(req: &ChatCompletionRequest) -> Option<String> {
+    if !req.echo {
+        return None;
+    }
+    let role = if req.add_generation_prompt {
+        "assistant"
+    } else {
+        req.messages.last().map_or("assistant", |m| m.role.as_str())
+    };
+    let text = match req.messages.last() {
+        Some(m) if m.role == role => match &m.content {
+            Some(crate::protocol::MessageContent::Text(t)) => t.clone(),
+            Some(crate::protocol::MessageContent::Parts(parts)) => parts
+                .iter()
+                .filter_map(|p| p.text.as_deref())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            None => String::new(),
+        },
+        _ => String::new(),
+    };
+    Some(text)
 }
 
 pub(crate) fn now_unix() -> i64 {
@@ -369,6 +421,7 @@ impl Derenderer {
                 top_logprobs: 0,
                 as_ids: false,
                 return_token_ids: false,
+                echo: None,
             });
         };
         let tool_choice = ToolChoice::from_json(req.tool_choice.as_ref()).map_err(|e| {
@@ -454,6 +507,7 @@ impl Derenderer {
             },
             as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
             return_token_ids: req.return_token_ids.unwrap_or(false),
+            echo: chat_echo_text(req),
         })
     }
 
@@ -467,6 +521,7 @@ impl Derenderer {
                 ignore_eos: false,
                 include_stop_str: false,
                 logprobs: 0,
+                all_candidates: false,
                 as_ids: false,
                 return_token_ids: false,
             },
@@ -487,6 +542,7 @@ impl Derenderer {
                     ignore_eos: r.ignore_eos,
                     include_stop_str: r.include_stop_str_in_output,
                     logprobs: r.logprobs.unwrap_or(0),
+                    all_candidates: r.logprob_token_ids.is_some(),
                     as_ids: r.return_tokens_as_token_ids.unwrap_or(false),
                     return_token_ids: r.return_token_ids.unwrap_or(false),
                 }
@@ -748,6 +804,10 @@ impl Derenderer {
             }
             None => (ResponseMessage::assistant(Some(text)), false),
         };
+        let mut message = message;
+        if let Some(echo) = &ctx.echo {
+            message.content = Some(format!("{echo}{}", message.content.unwrap_or_default()));
+        }
         let finish_reason = map_finish(finish, has_calls, ctx.named);
         let logprobs = if ctx.hide {
             None
@@ -847,6 +907,7 @@ impl Derenderer {
                 .and_then(|v| v.get(gi))
                 .and_then(Option::as_deref)
                 .or(g.prompt_token_ids.as_deref());
+            let echo = self.echo_prompt(req.completion_request.as_ref(), gi, prompt_ids)?;
             for c in &g.choices {
                 let n = c.token_ids.as_ref().map_or(0, Vec::len) as u64;
                 completion_sum = completion_sum
@@ -854,6 +915,10 @@ impl Derenderer {
                     .ok_or_else(|| Error::bad_request("completion token count overflow"))?;
                 let mut choice = self.completion_choice(&ctx, c, prompt_ids);
                 choice.index = choices.len();
+                if let Some(e) = &echo {
+                    self.apply_echo(&ctx, e, g.prompt_logprobs.as_deref(), &mut choice)?;
+                }
+                choice.prompt_logprobs.clone_from(&g.prompt_logprobs);
                 if ctx.return_token_ids {
                     choice.prompt_token_ids = g.prompt_token_ids.clone();
                 }
@@ -952,9 +1017,102 @@ impl Derenderer {
         }
     }
 
+    /// The echo of prompt `index` of `req`, or `None` without `echo`.
+    pub(crate) fn echo_prompt(
+        &self,
+        req: Option<&CompletionRequest>,
+        index: usize,
+        prompt_ids: Option<&[u32]>,
+    ) -> Result<Option<EchoPrompt>> {
+        let Some(r) = req.filter(|r| r.echo) else {
+            return Ok(None);
+        };
+        let ids = prompt_ids.ok_or_else(|| {
+            Error::bad_request("echo=true needs the prompt's token ids (prompt_token_ids).")
+        })?;
+        let text = if r.return_token_ids.unwrap_or(false) {
+            String::new()
+        } else {
+            match r.prompt.as_ref().and_then(|p| prompt_text(p, index)) {
+                Some(t) => t.to_owned(),
+                None => crate::detokenizer::decode(self.inner.model.tokenizer.hf(), ids, false),
+            }
+        };
+        Ok(Some(EchoPrompt {
+            text,
+            ids: ids.to_vec(),
+            only_prompt: r.max_tokens == Some(0),
+        }))
+    }
+
+    /// Puts the echoed prompt before a completion choice: its text before the text and, when
+    /// logprobs were asked for, its positions (from `prompt_logprobs`) before the generated
+    /// ones. With `only_prompt` the generated token is dropped from both.
+    fn apply_echo(
+        &self,
+        ctx: &CompletionContext,
+        e: &EchoPrompt,
+        prompt_logprobs: Option<&[Value]>,
+        choice: &mut CompletionChoice,
+    ) -> Result<()> {
+        choice.text = if e.only_prompt {
+            e.text.clone()
+        } else {
+            format!("{}{}", e.text, choice.text)
+        };
+        if let Some(generated) = choice.logprobs.take() {
+            let (mut out, offset) =
+                self.echo_logprobs(ctx, e, prompt_logprobs, CompletionLogProbs::default(), 0)?;
+            if !e.only_prompt {
+                append_shifted(&mut out, generated, offset);
+            }
+            choice.logprobs = Some(out);
+        }
+        Ok(())
+    }
+
+    /// The prompt positions of an echo appended to `out`, starting at text offset `offset`;
+    /// returns `out` and the offset after them.
+    pub(crate) fn echo_logprobs(
+        &self,
+        ctx: &CompletionContext,
+        e: &EchoPrompt,
+        prompt_logprobs: Option<&[Value]>,
+        mut out: CompletionLogProbs,
+        mut offset: u64,
+    ) -> Result<(CompletionLogProbs, u64)> {
+        let pl = prompt_logprobs.ok_or_else(|| {
+            Error::bad_request(
+                "echo=true with logprobs needs the prompt logprobs of the generate response                  (prompt_logprobs).",
+            )
+        })?;
+        logprobs::prompt_completion_entries(
+            &self.show(ctx.as_ids),
+            &e.ids,
+            pl,
+            ctx.logprobs,
+            ctx.all_candidates,
+            &mut offset,
+            &mut out,
+        );
+        Ok((out, offset))
+    }
+
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.inner
     }
+}
+
+/// Appends `more` to `out` with its text offsets moved by `shift`.
+fn append_shifted(out: &mut CompletionLogProbs, more: CompletionLogProbs, shift: u64) {
+    out.text_offset.extend(
+        more.text_offset
+            .into_iter()
+            .map(|o| o.saturating_add(shift)),
+    );
+    out.token_logprobs.extend(more.token_logprobs);
+    out.tokens.extend(more.tokens);
+    out.top_logprobs.extend(more.top_logprobs);
 }
 
 /// `usage` of a non-streaming response, with checked sums.

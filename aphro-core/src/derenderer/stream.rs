@@ -13,6 +13,7 @@ use crate::protocol::{
 };
 use crate::stop::StopState;
 use aphro_parsers::{DeltaMessage, StreamParser};
+use serde_json::Value;
 
 /// Most preceding sampled ids kept for logprob token repair (vLLM's limit).
 const LOGPROB_CONTEXT: usize = logprobs::CONTEXT;
@@ -309,7 +310,7 @@ impl Derenderer {
         self.check_in_vocab(p)
     }
 
-    /// A streaming completion state for one choice.
+    /// A streaming completion state for one choice of the request's first prompt.
     pub fn completion_stream(
         &self,
         req: Option<&CompletionRequest>,
@@ -317,9 +318,23 @@ impl Derenderer {
         prompt_ids: Option<&[u32]>,
         index: usize,
     ) -> Result<CompletionDerenderStream> {
+        self.completion_stream_for_prompt(req, id, prompt_ids, 0, index)
+    }
+
+    /// A streaming completion state for choice `index` of prompt `prompt_index` (which prompt
+    /// `echo` repeats).
+    pub fn completion_stream_for_prompt(
+        &self,
+        req: Option<&CompletionRequest>,
+        id: impl Into<String>,
+        prompt_ids: Option<&[u32]>,
+        prompt_index: usize,
+        index: usize,
+    ) -> Result<CompletionDerenderStream> {
         if let Some(p) = prompt_ids {
             self.check_prompt_ids_pub(p)?;
         }
+        let echo = self.echo_prompt(req, prompt_index, prompt_ids)?;
         let ctx = self.completion_context(req);
         let decode = Decode::new(self, prompt_ids, ctx.detok);
         Ok(CompletionDerenderStream {
@@ -332,6 +347,7 @@ impl Derenderer {
             decode,
             text_offset: 0,
             prompt_tokens: None,
+            echo,
             ctx,
         })
     }
@@ -556,6 +572,8 @@ pub struct CompletionDerenderStream {
     decode: Decode,
     text_offset: u64,
     prompt_tokens: Option<u64>,
+    /// `echo` not yet sent: it goes before the first choice chunk.
+    echo: Option<super::EchoPrompt>,
 }
 
 impl std::fmt::Debug for CompletionDerenderStream {
@@ -591,7 +609,12 @@ impl CompletionDerenderStream {
                     Some(_) => Some(usage_chunk_usage(self.prompt_tokens, chunk)?),
                     None => None,
                 };
-                (vec![self.push_choice(c)?], usage)
+                let echo = self.echo.take();
+                let mut choice = self.push_choice(c)?;
+                if let Some(e) = echo {
+                    self.put_echo(&e, chunk.prompt_logprobs.as_deref(), &mut choice)?;
+                }
+                (vec![choice], usage)
             }
         };
         Ok(CompletionChunk {
@@ -602,6 +625,45 @@ impl CompletionDerenderStream {
             choices,
             usage,
         })
+    }
+
+    /// The echoed prompt before the first chunk's text and logprobs (vLLM's streaming
+    /// completion serving); with `max_tokens: 0` the chunk shows the prompt alone.
+    fn put_echo(
+        &mut self,
+        e: &super::EchoPrompt,
+        prompt_logprobs: Option<&[Value]>,
+        choice: &mut CompletionStreamChoice,
+    ) -> Result<()> {
+        choice.text = if e.only_prompt {
+            e.text.clone()
+        } else {
+            format!("{}{}", e.text, choice.text)
+        };
+        if let Some(generated) = choice.logprobs.take() {
+            // The generated positions start where this chunk started.
+            let start = generated
+                .text_offset
+                .first()
+                .copied()
+                .unwrap_or(self.text_offset);
+            let (mut out, end) = self.d.echo_logprobs(
+                &self.ctx,
+                e,
+                prompt_logprobs,
+                CompletionLogProbs::default(),
+                start,
+            )?;
+            if e.only_prompt {
+                self.text_offset = end;
+            } else {
+                let moved = end - start;
+                super::append_shifted(&mut out, generated, moved);
+                self.text_offset = self.text_offset.saturating_add(moved);
+            }
+            choice.logprobs = Some(out);
+        }
+        Ok(())
     }
 
     pub fn push_choice(&mut self, c: &GenerateChoice) -> Result<CompletionStreamChoice> {

@@ -127,6 +127,11 @@ pub struct GenerateStreamResponse {
     pub usage: Option<UsageInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// An aphro extension to vLLM's stream chunk: the first chunk of each choice carries the
+    /// prompt logprobs when the request asked for them (as `echo` with `logprobs` does), so
+    /// a streamed echo can show them. Absent otherwise, so vLLM's bytes are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mm_placeholders: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -895,6 +895,18 @@ impl ServingStream {
         }
     }
 
+    /// The prompt logprobs in their wire shape, once they arrived with the first output.
+    fn prompt_logprobs_json(&self) -> Option<Vec<Option<Value>>> {
+        self.prompt_logprobs.as_ref().map(|v| {
+            v.iter()
+                .map(|p| {
+                    p.as_ref()
+                        .map(|p| prompt_logprob_entry(p, self.tokenizer.as_deref()))
+                })
+                .collect()
+        })
+    }
+
     /// The next §4.3 stream event, or `None` after the last one. An `Err` is the final item.
     pub async fn next_event(&mut self) -> Option<Result<GenerateStreamEvent, ServingError>> {
         loop {
@@ -913,6 +925,13 @@ impl ServingStream {
                     let prompt_token_ids =
                         (self.first_event && self.return_token_ids).then(|| self.prompt.clone());
                     self.first_event = false;
+                    let prompt_logprobs = if self.want_prompt_logprobs
+                        && !std::mem::replace(&mut self.choices[idx].prompt_logprobs_sent, true)
+                    {
+                        self.prompt_logprobs_json()
+                    } else {
+                        None
+                    };
                     let choice = GenerateStreamChoice {
                         index: idx,
                         text: if is_text {
@@ -937,6 +956,7 @@ impl ServingStream {
                                 .continuous_usage
                                 .then(|| UsageInfo::new(self.prompt.len(), completion)),
                             prompt_token_ids,
+                            prompt_logprobs,
                             mm_placeholders: None,
                             metrics: None,
                         },
@@ -1030,14 +1050,7 @@ impl ServingStream {
                 weight_versions: None,
             })
             .collect();
-        let prompt_logprobs = self.prompt_logprobs.take().map(|v| {
-            v.iter()
-                .map(|p| {
-                    p.as_ref()
-                        .map(|p| prompt_logprob_entry(p, self.tokenizer.as_deref()))
-                })
-                .collect()
-        });
+        let prompt_logprobs = self.prompt_logprobs_json();
         Ok(GenerateResponse {
             request_id: self.request_id.clone(),
             model: self.model.clone(),

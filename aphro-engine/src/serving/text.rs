@@ -63,6 +63,8 @@ pub(crate) struct ChoiceState {
     /// Finished (by the engine or by a stop string); later outputs are ignored.
     pub finished: bool,
     pub completion_tokens: usize,
+    /// This choice's stream already carried the prompt logprobs.
+    pub prompt_logprobs_sent: bool,
 }
 
 impl ChoiceState {
@@ -92,6 +94,7 @@ impl ChoiceState {
             chat_cut,
             finished: false,
             completion_tokens: 0,
+            prompt_logprobs_sent: false,
         }
     }
 

@@ -199,6 +199,10 @@ pub struct GenerateStreamResponse {
     /// First event only, with `return_token_ids`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// The first event of each choice, when the request asked for prompt logprobs (an
+    /// extension: vLLM's stream drops them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<Value>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mm_placeholders: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]

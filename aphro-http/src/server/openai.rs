@@ -222,6 +222,8 @@ struct CoupledChatChunks {
     opening_prompt_ids: Option<Option<Vec<u32>>>,
     continuous_usage: bool,
     prompt_tokens: u64,
+    /// `echo`: sent as one content chunk per choice after the role chunks.
+    echo: Option<String>,
 }
 
 impl CoupledChatChunks {
@@ -256,6 +258,7 @@ impl CoupledChatChunks {
             ),
             continuous_usage: opts.is_some_and(|o| o.include_usage && o.continuous_usage_stats),
             prompt_tokens: prompt_ids.len() as u64,
+            echo: aphro_core::derenderer::chat_echo_text(chat).filter(|t| !t.is_empty()),
         }
     }
 
@@ -277,7 +280,12 @@ impl CoupledChatChunks {
             return Vec::new();
         };
         let model = self.model.clone().unwrap_or_default();
-        (0..self.n)
+        let usage = self.continuous_usage.then(|| {
+            serde_json::json!({"prompt_tokens": self.prompt_tokens,
+                               "total_tokens": self.prompt_tokens,
+                               "completion_tokens": 0})
+        });
+        let mut out: Vec<Value> = (0..self.n)
             .map(|i| {
                 let mut m = self.head(&model);
                 m.insert(
@@ -288,17 +296,28 @@ impl CoupledChatChunks {
                 if let Some(ids) = &prompt_ids {
                     m.insert("prompt_token_ids".into(), serde_json::json!(ids));
                 }
-                if self.continuous_usage {
-                    m.insert(
-                        "usage".into(),
-                        serde_json::json!({"prompt_tokens": self.prompt_tokens,
-                                           "total_tokens": self.prompt_tokens,
-                                           "completion_tokens": 0}),
-                    );
+                if let Some(u) = &usage {
+                    m.insert("usage".into(), u.clone());
                 }
                 Value::Object(m)
             })
-            .collect()
+            .collect();
+        // vLLM echoes the last message's content right after the role chunks.
+        if let Some(echo) = &self.echo {
+            out.extend((0..self.n).map(|i| {
+                let mut m = self.head(&model);
+                m.insert(
+                    "choices".into(),
+                    serde_json::json!([{"index": i, "delta": {"content": echo},
+                                        "logprobs": null, "finish_reason": null}]),
+                );
+                if let Some(u) = &usage {
+                    m.insert("usage".into(), u.clone());
+                }
+                Value::Object(m)
+            }));
+        }
+        out
     }
 
     /// One derendered chunk in vLLM's `exclude_unset` shape, or `None` when vLLM would skip
@@ -402,7 +421,15 @@ fn stream_completions(
         prompt_lens.push(prompt_ids.len() as u64);
         n = r.sampling_params.n.max(1) as usize;
         let mut per_prompt = (0..n)
-            .map(|j| derenderer.completion_stream(Some(req), id.clone(), Some(&prompt_ids), j))
+            .map(|j| {
+                derenderer.completion_stream_for_prompt(
+                    Some(req),
+                    id.clone(),
+                    Some(&prompt_ids),
+                    pi,
+                    j,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         for s in &mut per_prompt {
             s.set_prompt_tokens(Some(prompt_ids.len() as u64));
