@@ -696,6 +696,10 @@ impl Renderer {
 
     /// `POST /tokenize` (§9).
     pub fn tokenize(&self, req: &TokenizeRequest) -> Result<TokenizeResponse> {
+        self.check_model(match req {
+            TokenizeRequest::Completion(c) => c.model.as_deref(),
+            TokenizeRequest::Chat(c) => c.model.as_deref(),
+        })?;
         let (ids, want_strs) = match req {
             TokenizeRequest::Completion(c) => (
                 self.encode_checked(&c.prompt, c.add_special_tokens, false)?
@@ -745,6 +749,7 @@ impl Renderer {
 
     /// `POST /detokenize` (§9).
     pub fn detokenize(&self, req: &DetokenizeRequest) -> Result<DetokenizeResponse> {
+        self.check_model(req.model.as_deref())?;
         let vocab = self.model.tokenizer.vocab_size() as u64;
         let ids = req
             .tokens

@@ -24,6 +24,7 @@ fn derenderer(parsers: bool) -> Derenderer {
             enable_auto_tool_choice: true,
             max_model_len: Some(64),
             max_logprobs: 5,
+            return_tokens_as_token_ids: false,
         },
     )
     .expect("derenderer")

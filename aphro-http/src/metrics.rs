@@ -156,7 +156,16 @@ pub fn engine_exposition(m: &aphro_engine::metrics::MetricsSnapshot, model: &str
         m.prefix_cache_hits.to_string(),
     );
     let _ = writeln!(out, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
-    for (reason, n) in &m.request_success {
+    // Every label value exists from the start, at 0, as vLLM creates one child per
+    // `FinishReason` up front: a rate() over a reason that has not happened yet still works.
+    const FINISH_REASONS: [&str; 5] = ["stop", "length", "abort", "error", "repetition"];
+    let extra = m
+        .request_success
+        .keys()
+        .filter(|k| !FINISH_REASONS.contains(k))
+        .copied();
+    for reason in FINISH_REASONS.into_iter().chain(extra) {
+        let n = m.request_success.get(reason).copied().unwrap_or(0);
         let _ = writeln!(
             out,
             "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {n}"
@@ -271,6 +280,11 @@ mod tests {
         assert!(text.contains("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} 0.25"));
         assert!(text.contains("vllm:prompt_tokens_total{engine=\"0\",model_name=\"smollm2\"} 10"));
         assert!(text.contains("vllm:request_success_total{engine=\"0\",model_name=\"smollm2\",finished_reason=\"stop\"} 3"));
+        for reason in ["length", "abort", "error", "repetition"] {
+            assert!(text.contains(&format!(
+                "vllm:request_success_total{{engine=\"0\",model_name=\"smollm2\",finished_reason=\"{reason}\"}} 0"
+            )));
+        }
         // Buckets are cumulative.
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"smollm2\",le=\"0.04\"} 1"), "{text}");
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"smollm2\",le=\"+Inf\"} 2"));

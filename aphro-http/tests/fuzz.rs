@@ -52,6 +52,8 @@ fn settings(role: Role) -> ServerSettings {
         enable_request_id_headers: true,
         max_body_bytes: 1 << 20,
         body_read_timeout: Duration::from_secs(5),
+        enable_scale_out: true,
+        skip_tokenizer_init: false,
     }
 }
 

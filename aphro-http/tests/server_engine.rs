@@ -187,7 +187,13 @@ fn tokens_only_generate_stream_abort_and_disconnect() {
 #[test]
 fn integrated_server_and_disaggregated_round_trip_agree() {
     let model = gguf();
-    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--served-model-name",
+        "smol",
+        "--enable-scale-out",
+    ];
     args.extend(engine_flags());
     let full = Server::start(&args);
     let render = Server::start(&[
@@ -299,7 +305,13 @@ fn stream_post(base: &str, path: &str, body: &Value) -> Vec<Value> {
 #[test]
 fn integrated_stream_shapes_multi_prompt_streaming_and_request_metrics() {
     let model = gguf();
-    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--served-model-name",
+        "smol",
+        "--enable-scale-out",
+    ];
     args.extend(engine_flags());
     let s = Server::start(&args);
 
@@ -461,7 +473,13 @@ fn integrated_stream_shapes_multi_prompt_streaming_and_request_metrics() {
 #[test]
 fn integrated_routes_stop_at_stop_strings() {
     let model = gguf();
-    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--served-model-name",
+        "smol",
+        "--enable-scale-out",
+    ];
     args.extend(engine_flags());
     let s = Server::start(&args);
     let completion = |extra: Value| {
@@ -487,7 +505,12 @@ fn integrated_routes_stop_at_stop_strings() {
         .map_or(0, |(i, _)| i);
     let stop: String = full[mid..].chars().take(2).collect();
     let cut = full.find(&stop).expect("stop occurs");
-    let before = metric(&s, "vllm:generation_tokens_total");
+    // The free-running request's tokens are counted once its metrics land; only then is
+    // the counter a baseline for the next request.
+    wait_until("the first request's metrics", || {
+        metric(&s, "vllm:generation_tokens_total") == 20.0
+    });
+    let before = 20.0;
     let stopped = completion(json!({"stop": [stop.clone()]}));
     let c = &stopped["choices"][0];
     assert_eq!(c["text"], full[..cut], "{stopped}");
@@ -571,4 +594,96 @@ fn integrated_routes_stop_at_stop_strings() {
         usage["usage"]["completion_tokens"],
         stopped["usage"]["completion_tokens"]
     );
+}
+
+#[test]
+fn serve_flags_scale_out_token_id_logprobs_and_skip_tokenizer_init() {
+    let model = gguf();
+    let start = |extra: &[&str]| {
+        let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+        args.extend(engine_flags());
+        args.extend_from_slice(extra);
+        Server::start(&args)
+    };
+
+    // Without --enable-scale-out the integrated server refuses the scale-out routes (vLLM 403).
+    let plain = start(&[]);
+    for path in ["/inference/v1/generate", "/v1/completions/render"] {
+        let (status, body) = plain.post(path, &gen_request(2, false), &[]);
+        assert_eq!(status, 403, "{path}: {body}");
+        let v = json(&body);
+        assert_eq!(v["error"]["type"], "PermissionDeniedError", "{body}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--enable-scale-out")),
+            "{body}"
+        );
+    }
+    let (status, _) = plain.post(
+        "/v1/completions",
+        &json!({"prompt": "1, 2,", "max_tokens": 1}),
+        &[],
+    );
+    assert_eq!(status, 200);
+    drop(plain);
+
+    // --return-tokens-as-token-ids: every logprob token is a `token_id:N` placeholder, on the
+    // OpenAI routes (a request can still turn it off) and in generate's text mode.
+    let ids = start(&["--return-tokens-as-token-ids", "--enable-scale-out"]);
+    let completion = |extra: Value| {
+        let mut body = json!({"prompt": "1, 2, 3,", "max_tokens": 3, "temperature": 0,
+                              "logprobs": 1});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let (status, text) = ids.post("/v1/completions", &body, &[]);
+        assert_eq!(status, 200, "{text}");
+        json(&text)
+    };
+    let placeholders = |tokens: &Value| {
+        tokens
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .all(|t| t.as_str().is_some_and(|t| t.starts_with("token_id:")))
+    };
+    let r = completion(json!({}));
+    assert!(placeholders(&r["choices"][0]["logprobs"]["tokens"]), "{r}");
+    let r = completion(json!({"return_tokens_as_token_ids": false}));
+    assert!(!placeholders(&r["choices"][0]["logprobs"]["tokens"]), "{r}");
+    let mut text_mode = gen_request(3, false);
+    text_mode["output_mode"] = json!("text");
+    text_mode["sampling_params"]["logprobs"] = json!(1);
+    let (status, body) = ids.post("/inference/v1/generate", &text_mode, &[]);
+    assert_eq!(status, 200, "{body}");
+    let content = &json(&body)["choices"][0]["logprobs"]["content"];
+    for e in content.as_array().expect("content") {
+        assert!(
+            e["token"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("token_id:")),
+            "{e}"
+        );
+        assert!(e["bytes"].is_null(), "{e}");
+    }
+    drop(ids);
+
+    // --skip-tokenizer-init: tokens in and out only.
+    let bare = start(&["--skip-tokenizer-init", "--enable-scale-out"]);
+    let (status, body) = bare.post("/inference/v1/generate", &gen_request(3, false), &[]);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = bare.post("/inference/v1/generate", &text_mode, &[]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("requires a tokenizer"), "{body}");
+    let mut with_stop = gen_request(3, false);
+    with_stop["sampling_params"]["stop"] = json!(["x"]);
+    let (status, body) = bare.post("/inference/v1/generate", &with_stop, &[]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("detokenize is True"), "{body}");
+    for path in ["/v1/completions", "/tokenize"] {
+        let (status, body) = bare.post(path, &json!({"prompt": "hi"}), &[]);
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.contains("skip_tokenizer_init=True"), "{path}: {body}");
+    }
 }

@@ -25,6 +25,7 @@ use std::sync::{Mutex, PoisonError};
 ///     served_model_name: the `model` reported in responses (default: the model's name).
 ///     max_model_len: context length (default: the model's).
 ///     max_logprobs: `--max-logprobs` (default 20; -1 = unlimited).
+///     return_tokens_as_token_ids: `--return-tokens-as-token-ids` (logprob tokens as `token_id:N`).
 #[pyclass(module = "aphro", name = "Derenderer", frozen)]
 pub struct PyDerenderer {
     pub(crate) inner: Derenderer,
@@ -58,7 +59,7 @@ fn completion_req(py: Python<'_>, v: Option<Value>) -> PyResult<Option<Completio
 #[pymethods]
 impl PyDerenderer {
     #[new]
-    #[pyo3(signature = (model=None, *, tool_call_parser=None, reasoning_parser=None, enable_auto_tool_choice=false, served_model_name=None, max_model_len=None, max_logprobs=20))]
+    #[pyo3(signature = (model=None, *, tool_call_parser=None, reasoning_parser=None, enable_auto_tool_choice=false, served_model_name=None, max_model_len=None, max_logprobs=20, return_tokens_as_token_ids=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -69,6 +70,7 @@ impl PyDerenderer {
         served_model_name: Option<String>,
         max_model_len: Option<usize>,
         max_logprobs: i64,
+        return_tokens_as_token_ids: bool,
     ) -> PyResult<Self> {
         let (spec, m) = load_any(py, model)?;
         let opts = DerenderOptions {
@@ -78,6 +80,7 @@ impl PyDerenderer {
             enable_auto_tool_choice,
             max_model_len,
             max_logprobs,
+            return_tokens_as_token_ids,
         };
         // Unknown parser names are a startup error: ValueError, not a request error.
         let inner = Derenderer::new(m.clone(), opts)

@@ -58,6 +58,8 @@ pub struct DerenderOptions {
     pub max_model_len: Option<usize>,
     /// `--max-logprobs` (default 20; -1 = unlimited).
     pub max_logprobs: i64,
+    /// `--return-tokens-as-token-ids`: the default of a request's `return_tokens_as_token_ids`.
+    pub return_tokens_as_token_ids: bool,
 }
 
 impl Default for DerenderOptions {
@@ -69,6 +71,7 @@ impl Default for DerenderOptions {
             enable_auto_tool_choice: false,
             max_model_len: None,
             max_logprobs: 20,
+            return_tokens_as_token_ids: false,
         }
     }
 }
@@ -505,7 +508,9 @@ impl Derenderer {
             } else {
                 0
             },
-            as_ids: req.return_tokens_as_token_ids.unwrap_or(false),
+            as_ids: req
+                .return_tokens_as_token_ids
+                .unwrap_or(self.inner.opts.return_tokens_as_token_ids),
             return_token_ids: req.return_token_ids.unwrap_or(false),
             echo: chat_echo_text(req),
         })
@@ -543,7 +548,9 @@ impl Derenderer {
                     include_stop_str: r.include_stop_str_in_output,
                     logprobs: r.logprobs.unwrap_or(0),
                     all_candidates: r.logprob_token_ids.is_some(),
-                    as_ids: r.return_tokens_as_token_ids.unwrap_or(false),
+                    as_ids: r
+                        .return_tokens_as_token_ids
+                        .unwrap_or(self.inner.opts.return_tokens_as_token_ids),
                     return_token_ids: r.return_token_ids.unwrap_or(false),
                 }
             }

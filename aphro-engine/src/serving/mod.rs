@@ -65,6 +65,12 @@ pub struct ServingConfig {
     pub served_model_name: Option<String>,
     /// `--tokens-only`: no tokenizer, `output_mode="tokens"` only, no stop strings.
     pub tokens_only: bool,
+    /// `--skip-tokenizer-init`: no tokenizer is loaded, so only `output_mode="tokens"` works
+    /// and stop strings are refused (nothing can detokenize to find them).
+    pub skip_tokenizer_init: bool,
+    /// `--return-tokens-as-token-ids`: text-mode logprob tokens are `token_id:N`
+    /// placeholders without bytes, as on `/v1/completions`.
+    pub return_tokens_as_token_ids: bool,
     /// `--scheduling-policy`: a request's `priority` counts only under `Priority`.
     pub scheduling_policy: SchedulingPolicy,
     /// Request size limits (`n`, stop strings) shared with the renderer.
@@ -112,6 +118,8 @@ impl Default for ServingConfig {
             seed: None,
             served_model_name: None,
             tokens_only: false,
+            skip_tokenizer_init: false,
+            return_tokens_as_token_ids: false,
             scheduling_policy: SchedulingPolicy::Fcfs,
             limits: aphro_core::RequestLimits::default(),
         }
@@ -221,6 +229,8 @@ pub struct ServingEngine {
     extra_eos: Vec<u32>,
     served_model_name: String,
     tokens_only: bool,
+    skip_tokenizer_init: bool,
+    return_tokens_as_token_ids: bool,
     model_path: PathBuf,
     scheduling_policy: SchedulingPolicy,
     limits: aphro_core::RequestLimits,
@@ -282,7 +292,7 @@ impl ServingEngine {
         let spec = model_path.to_string_lossy().into_owned();
         let core_model = match Model::load(&spec) {
             Ok(m) => Some(m),
-            Err(e) if !cfg.tokens_only => {
+            Err(e) if !cfg.tokens_only && !cfg.skip_tokenizer_init => {
                 return Err(ServingError::Load(format!(
                     "loading the tokenizer of {}: {e}",
                     cfg.model
@@ -310,7 +320,8 @@ impl ServingEngine {
                     .copied()
                     .filter(|e| !runner_eos.contains(e))
                     .collect();
-                let tok = (!cfg.tokens_only).then(|| Arc::new(m.tokenizer));
+                let tok =
+                    (!cfg.tokens_only && !cfg.skip_tokenizer_init).then(|| Arc::new(m.tokenizer));
                 (tok, m.generation_defaults, extra)
             }
             None => (None, GenerationDefaults::default(), Vec::new()),
@@ -322,6 +333,8 @@ impl ServingEngine {
             extra_eos,
             served_model_name: cfg.served_model_name.unwrap_or(cfg.model),
             tokens_only: cfg.tokens_only,
+            skip_tokenizer_init: cfg.skip_tokenizer_init,
+            return_tokens_as_token_ids: cfg.return_tokens_as_token_ids,
             model_path,
             scheduling_policy: cfg.scheduling_policy,
             limits: cfg.limits,
@@ -551,6 +564,13 @@ impl ServingEngine {
                  stop_token_ids.",
             ));
         }
+        if self.skip_tokenizer_init && !sp.stop.is_empty() {
+            // vLLM's SamplingParams check: without a tokenizer nothing is detokenized.
+            return Err(ServingError::bad_request(
+                "stop strings are only supported when detokenize is True. Set \
+                 detokenize=True to use stop.",
+            ));
+        }
         if mode != OutputMode::Tokens && self.tokenizer.is_none() {
             return Err(ServingError::bad_request(format!(
                 "output_mode='{}' requires a tokenizer, but this server does not load one \
@@ -619,6 +639,7 @@ impl ServingEngine {
                 stop: sp.stop.clone(),
                 include_stop_str_in_output: sp.include_stop_str_in_output,
                 min_tokens: usize::try_from(sp.min_tokens).unwrap_or(0),
+                tokens_as_ids: self.return_tokens_as_token_ids,
             }),
         };
         let n = usize::try_from(sp.n).unwrap_or(1).max(1);

@@ -34,6 +34,8 @@ pub(crate) struct TextSpec {
     /// Text mode: the deltas carry text. Tokens mode with stop strings decodes only to find
     /// them (the request still ends, and its KV is freed, at the stop string).
     pub emit_text: bool,
+    /// `--return-tokens-as-token-ids`: logprob tokens are `token_id:N`, without bytes.
+    pub tokens_as_ids: bool,
 }
 
 struct TextState {
@@ -168,7 +170,7 @@ impl ChoiceState {
         let logprobs = if self.want_logprobs {
             Some(match &self.text {
                 Some(ts) if ts.spec.emit_text => chat_logprobs(
-                    &ts.spec.tokenizer,
+                    (!ts.spec.tokens_as_ids).then_some(&*ts.spec.tokenizer),
                     &token_ids,
                     lps.as_deref(),
                     self.chat_cut,
@@ -231,15 +233,20 @@ fn tokens_logprobs(ids: &[u32], lps: Option<&[PositionLogprobs]>) -> ChoiceLogPr
     })
 }
 
-/// Token string and the UTF-8 bytes of that string (§2.4: "bytes = UTF-8 bytes of token").
-fn token_and_bytes(tok: &Tokenizer, id: u32) -> (String, Option<Vec<u8>>) {
+/// Token string and the UTF-8 bytes of that string (§2.4: "bytes = UTF-8 bytes of token");
+/// without a tokenizer (`--return-tokens-as-token-ids`) the `token_id:N` placeholder and no
+/// bytes, as vLLM's `_logprob_token`.
+fn token_and_bytes(tok: Option<&Tokenizer>, id: u32) -> (String, Option<Vec<u8>>) {
+    let Some(tok) = tok else {
+        return (format!("token_id:{id}"), None);
+    };
     let t = token_text(tok.hf(), id);
     let b = t.as_bytes().to_vec();
     (t, Some(b))
 }
 
 fn chat_logprobs(
-    tok: &Tokenizer,
+    tok: Option<&Tokenizer>,
     ids: &[u32],
     lps: Option<&[PositionLogprobs]>,
     cut: usize,

@@ -38,6 +38,9 @@ pub struct Args {
     /// --max-logprobs (default 20).
     #[arg(long, default_value_t = 20)]
     pub max_logprobs: i64,
+    /// vLLM --return-tokens-as-token-ids.
+    #[arg(long)]
+    pub return_tokens_as_token_ids: bool,
     /// Request file (default: stdin).
     #[arg(long)]
     pub input: Option<PathBuf>,
@@ -85,6 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             enable_auto_tool_choice: args.enable_auto_tool_choice,
             max_model_len: args.max_model_len,
             max_logprobs: args.max_logprobs,
+            return_tokens_as_token_ids: args.return_tokens_as_token_ids,
         },
     )?;
     let input = read_input(args.input.as_deref())?;

@@ -79,6 +79,8 @@ pub fn build_render_state(args: RenderArgs) -> anyhow::Result<AppState> {
         enable_request_id_headers: args.server.enable_request_id_headers,
         max_body_bytes: args.server.max_request_body_bytes,
         body_read_timeout: args.server.body_read_timeout(),
+        enable_scale_out: false,
+        skip_tokenizer_init: false,
     };
     Ok(AppState::new(settings)
         .with_renderer(renderer)

@@ -20,6 +20,14 @@ pub struct Args {
     /// Engine only: generate and abort, tokens in and out, no tokenizer.
     #[arg(long)]
     pub tokens_only: bool,
+    /// Also mount the scale-out routes (render, derender, generate, abort) on the integrated
+    /// server; without it they answer 403, as vLLM's do. `--tokens-only` always has them.
+    #[arg(long)]
+    pub enable_scale_out: bool,
+    /// Load no tokenizer: only token-in/token-out generation works; the text routes (OpenAI,
+    /// render, tokenize) answer 400 and stop strings are refused.
+    #[arg(long)]
+    pub skip_tokenizer_init: bool,
     #[command(flatten)]
     pub server: ServerArgs,
     #[command(flatten)]
@@ -54,6 +62,8 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
     let served = served_names(&args.server, &display_name);
     let mut cfg = args.engine.serving_config(true)?;
     cfg.tokens_only = args.tokens_only;
+    cfg.skip_tokenizer_init = args.skip_tokenizer_init;
+    cfg.return_tokens_as_token_ids = args.frontend.return_tokens_as_token_ids;
     cfg.served_model_name = served.first().cloned();
     cfg.limits = args.server.limits.request_limits();
     let model_path = cfg.model.clone();
@@ -72,9 +82,11 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
         enable_request_id_headers: args.server.enable_request_id_headers,
         max_body_bytes: args.server.max_request_body_bytes,
         body_read_timeout: args.server.body_read_timeout(),
+        enable_scale_out: args.enable_scale_out,
+        skip_tokenizer_init: args.skip_tokenizer_init,
     };
     let mut state = AppState::new(settings).with_engine(engine);
-    if !args.tokens_only {
+    if !args.tokens_only && !args.skip_tokenizer_init {
         let model = Arc::new(
             Model::load(&model_path)
                 .with_context(|| format!("loading tokenizer of `{model_path}`"))?,

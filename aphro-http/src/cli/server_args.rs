@@ -122,6 +122,10 @@ pub struct FrontendArgs {
     /// requests get a 400 naming the parameter.
     #[arg(long)]
     pub no_strict_chat_template_kwargs: bool,
+    /// Show every logprob token as a `token_id:N` placeholder (requests can still set
+    /// `return_tokens_as_token_ids` themselves).
+    #[arg(long)]
+    pub return_tokens_as_token_ids: bool,
 }
 
 /// The model to serve: the argument, or the embedded default.
@@ -201,6 +205,7 @@ pub fn build_derenderer(
             reasoning_parser: front.reasoning_parser.clone(),
             enable_auto_tool_choice: front.enable_auto_tool_choice,
             max_model_len,
+            return_tokens_as_token_ids: front.return_tokens_as_token_ids,
             ..DerenderOptions::default()
         },
     )?)

@@ -16,8 +16,10 @@ pub const VLLM_COMPAT_VERSION: &str = "0.33.0";
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(health))
+        .routes(routes!(ping_get, ping_post))
         .routes(routes!(version))
         .routes(routes!(models))
+        .routes(routes!(model))
         .routes(routes!(metrics))
 }
 
@@ -40,6 +42,24 @@ async fn health(State(state): State<AppState>) -> Response {
     }
 }
 
+/// SageMaker's liveness route: the same answer as `/health` (vLLM mounts it on GET and POST).
+#[utoipa::path(get, path = "/ping", tag = "utility", responses(
+    (status = 200, description = "Serving."),
+    (status = 503, description = "The engine failed and stopped serving.", body = String, content_type = "text/plain"),
+))]
+async fn ping_get(state: State<AppState>) -> Response {
+    health(state).await
+}
+
+/// `POST /ping`: as `GET /ping`.
+#[utoipa::path(post, path = "/ping", tag = "utility", responses(
+    (status = 200, description = "Serving."),
+    (status = 503, description = "The engine failed and stopped serving.", body = String, content_type = "text/plain"),
+))]
+async fn ping_post(state: State<AppState>) -> Response {
+    health(state).await
+}
+
 /// The vLLM release whose wire protocol this server speaks.
 #[utoipa::path(get, path = "/version", tag = "utility", responses(
     (status = 200, description = "The compatible vLLM version.", body = super::openapi::VersionResponse),
@@ -54,37 +74,57 @@ async fn version() -> Response {
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
 ))]
 async fn models(State(state): State<AppState>) -> Response {
-    let s = &state.settings;
-    let data: Vec<_> = s
+    let data: Vec<_> = state
+        .settings
         .served_model_names
         .iter()
-        .map(|name| {
-            json!({
-                "id": name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "vllm",
-                "root": s.model_root,
-                "parent": null,
-                "max_model_len": s.max_model_len,
-                "permission": [{
-                    "id": format!("modelperm-{}", name),
-                    "object": "model_permission",
-                    "created": state.created,
-                    "allow_create_engine": false,
-                    "allow_sampling": true,
-                    "allow_logprobs": true,
-                    "allow_search_indices": false,
-                    "allow_view": true,
-                    "allow_fine_tuning": false,
-                    "organization": "*",
-                    "group": null,
-                    "is_blocking": false
-                }]
-            })
-        })
+        .map(|name| model_card(&state, name))
         .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+/// One served model's card (the OpenAI `GET /v1/models/{model}`); 404 for a name not served.
+#[utoipa::path(get, path = "/v1/models/{model}", tag = "utility",
+    params(("model" = String, Path, description = "A served model name.")),
+    responses(
+    (status = 200, description = "The model card, as one entry of `/v1/models`.", body = Object),
+    (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
+    (status = 404, description = "Unknown model.", body = super::openapi::ErrorResponse),
+))]
+async fn model(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, crate::error::ApiError> {
+    let name = state.resolve_model(Some(&name))?;
+    Ok(json_response(StatusCode::OK, &model_card(&state, &name)))
+}
+
+/// A model card with vLLM's extra fields (`root`, `max_model_len`, `permission`).
+fn model_card(state: &AppState, name: &str) -> serde_json::Value {
+    let s = &state.settings;
+    json!({
+        "id": name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "vllm",
+        "root": s.model_root,
+        "parent": null,
+        "max_model_len": s.max_model_len,
+        "permission": [{
+            "id": format!("modelperm-{}", name),
+            "object": "model_permission",
+            "created": state.created,
+            "allow_create_engine": false,
+            "allow_sampling": true,
+            "allow_logprobs": true,
+            "allow_search_indices": false,
+            "allow_view": true,
+            "allow_fine_tuning": false,
+            "organization": "*",
+            "group": null,
+            "is_blocking": false
+        }]
+    })
 }
 
 /// Prometheus text exposition under vLLM's metric names.

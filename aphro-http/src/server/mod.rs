@@ -53,6 +53,12 @@ pub struct ServerSettings {
     pub max_body_bytes: usize,
     /// Time a client has to send a whole body (`--request-body-timeout`).
     pub body_read_timeout: std::time::Duration,
+    /// `--enable-scale-out`: the integrated server (`Role::Full`) also mounts the render,
+    /// derender and generate routes; without it they answer 403, as vLLM's do. The render and
+    /// tokens-only roles always mount theirs.
+    pub enable_scale_out: bool,
+    /// `--skip-tokenizer-init`: no renderer or derenderer; text routes answer 400.
+    pub skip_tokenizer_init: bool,
 }
 
 /// Engine liveness, shared between the step loop's error path and `/health`.
@@ -140,24 +146,50 @@ pub fn unix_now() -> u64 {
 }
 
 /// The routes a role mounts, each registered together with its OpenAPI operation.
-fn role_routes(role: Role) -> utoipa_axum::router::OpenApiRouter<AppState> {
+fn role_routes(role: Role, scale_out: bool) -> utoipa_axum::router::OpenApiRouter<AppState> {
     let mut app = common::routes();
-    if matches!(role, Role::Render | Role::Full) {
-        app = app.merge(render::routes());
-    }
-    if matches!(role, Role::TokensOnly | Role::Full) {
-        app = app.merge(engine::routes(role == Role::TokensOnly));
-    }
-    if role == Role::Full {
-        app = app.merge(openai::routes());
+    match role {
+        Role::Render => app = app.merge(render::routes()),
+        Role::TokensOnly => app = app.merge(engine::routes(true)),
+        Role::Full => {
+            app = app.merge(render::utility_routes()).merge(openai::routes());
+            if scale_out {
+                app = app
+                    .merge(render::scale_out_routes())
+                    .merge(engine::routes(false));
+            }
+        }
     }
     app
 }
 
+/// What the integrated server answers on a scale-out route without `--enable-scale-out`.
+const SCALE_OUT_DISABLED: &str =
+    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.";
+
+/// The scale-out routes answering 403 (POST only, and not in the OpenAPI document, as vLLM
+/// registers them with `include_in_schema=False`).
+fn scale_out_disabled(app: Router<AppState>) -> Router<AppState> {
+    let scale_out = render::scale_out_routes().merge(engine::routes(false));
+    let (_, doc) = scale_out.split_for_parts();
+    doc.paths.paths.keys().fold(app, |app, path| {
+        app.route(
+            path,
+            axum::routing::post(|| async {
+                crate::error::ApiError::new(
+                    axum::http::StatusCode::FORBIDDEN,
+                    "PermissionDeniedError",
+                    SCALE_OUT_DISABLED,
+                )
+            }),
+        )
+    })
+}
+
 /// The OpenAPI document of a role: exactly the routes [`router`] mounts for it (plus nothing
 /// else; `/openapi.json` and `/docs` describe the API rather than belong to it, as in FastAPI).
-pub fn openapi_document(role: Role) -> utoipa::openapi::OpenApi {
-    openapi::finish(role_routes(role).split_for_parts().1)
+pub fn openapi_document(role: Role, enable_scale_out: bool) -> utoipa::openapi::OpenApi {
+    openapi::finish(role_routes(role, enable_scale_out).split_for_parts().1)
 }
 
 /// Build the router for `state.settings.role`.
@@ -167,7 +199,11 @@ pub fn router(state: AppState) -> Router {
         read_timeout: state.settings.body_read_timeout,
     };
     let keys = ApiKeys::new(state.settings.api_keys.clone());
-    let (app, doc) = role_routes(state.settings.role).split_for_parts();
+    let scale_out = state.settings.enable_scale_out;
+    let (mut app, doc) = role_routes(state.settings.role, scale_out).split_for_parts();
+    if state.settings.role == Role::Full && !scale_out {
+        app = scale_out_disabled(app);
+    }
     let doc_json: Arc<str> = openapi::finish(doc)
         .to_json()
         .unwrap_or_else(|_| "{}".to_owned())
@@ -250,6 +286,8 @@ mod tests {
             enable_request_id_headers: false,
             max_body_bytes: 1024,
             body_read_timeout: std::time::Duration::from_secs(5),
+            enable_scale_out: false,
+            skip_tokenizer_init: false,
         })
     }
 
@@ -342,8 +380,11 @@ mod tests {
     async fn openapi_lists_exactly_each_roles_routes() {
         let common = [
             ("GET", "/health"),
+            ("GET", "/ping"),
+            ("POST", "/ping"),
             ("GET", "/version"),
             ("GET", "/v1/models"),
+            ("GET", "/v1/models/{model}"),
             ("GET", "/metrics"),
         ];
         let render = [
@@ -376,6 +417,7 @@ mod tests {
         for (role, want) in cases {
             let mut st = state(vec![]);
             Arc::make_mut(&mut st.settings).role = role;
+            Arc::make_mut(&mut st.settings).enable_scale_out = true;
             let app = router(st);
             let (status, body) = call(app.clone(), "/openapi.json", None).await;
             assert_eq!(status, StatusCode::OK);
@@ -407,7 +449,7 @@ mod tests {
                 "object"
             );
             assert_eq!(
-                openapi_document(role).paths.paths.len(),
+                openapi_document(role, true).paths.paths.len(),
                 doc["paths"].as_object().map_or(0, |p| p.len())
             );
             let (status, html) = call(app, "/docs", None).await;
@@ -417,6 +459,70 @@ mod tests {
                 "{html}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn integrated_server_refuses_scale_out_routes_unless_enabled() {
+        let mut st = state(vec![]);
+        Arc::make_mut(&mut st.settings).role = Role::Full;
+        let app = router(st);
+        let scale_out = [
+            "/v1/chat/completions/render",
+            "/v1/completions/render",
+            "/v1/chat/completions/derender",
+            "/v1/completions/derender",
+            "/inference/v1/generate",
+            "/inference/v1/abort_requests",
+        ];
+        let (_, body) = call(app.clone(), "/openapi.json", None).await;
+        let doc: serde_json::Value = serde_json::from_str(&body).expect("openapi json");
+        for path in scale_out {
+            assert!(doc["paths"].get(path).is_none(), "{path} is documented");
+            let req = HttpRequest::builder()
+                .method("POST")
+                .uri(path)
+                .body(Body::from("{}"))
+                .expect("request");
+            let resp = app.clone().oneshot(req).await.expect("response");
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{path}");
+            let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+            assert_eq!(v["error"]["type"], "PermissionDeniedError");
+            assert_eq!(v["error"]["code"], 403);
+            assert_eq!(
+                v["error"]["message"],
+                "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+            );
+        }
+        // The integrated server's own routes stay.
+        for path in ["/v1/chat/completions", "/v1/completions", "/tokenize"] {
+            assert!(doc["paths"].get(path).is_some(), "{path} is missing");
+        }
+    }
+
+    #[tokio::test]
+    async fn ping_and_model_card() {
+        let app = router(state(vec![]));
+        assert_eq!(call(app.clone(), "/ping", None).await.0, StatusCode::OK);
+        let req = HttpRequest::builder()
+            .method("POST")
+            .uri("/ping")
+            .body(Body::empty())
+            .expect("request");
+        assert_eq!(
+            app.clone().oneshot(req).await.expect("response").status(),
+            StatusCode::OK
+        );
+        let (status, body) = call(app.clone(), "/v1/models/smollm2", None).await;
+        assert_eq!(status, StatusCode::OK);
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(v["id"], "smollm2");
+        assert_eq!(v["object"], "model");
+        let (status, body) = call(app, "/v1/models/other", None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains("The model `other` does not exist."), "{body}");
     }
 
     #[tokio::test]

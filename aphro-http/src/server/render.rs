@@ -22,12 +22,24 @@ use std::sync::Arc;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+/// Every route of the render role.
 pub fn routes() -> OpenApiRouter<AppState> {
+    scale_out_routes().merge(utility_routes())
+}
+
+/// The render and derender routes: scale-out endpoints, which the integrated server mounts
+/// only with `--enable-scale-out` (vLLM's `register_scale_out_api_routers`).
+pub fn scale_out_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(render_chat))
         .routes(routes!(render_completion))
         .routes(routes!(derender_chat))
         .routes(routes!(derender_completion))
+}
+
+/// `/tokenize` and `/detokenize`, mounted by every role with a tokenizer.
+pub fn utility_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(tokenize))
         .routes(routes!(detokenize))
 }
@@ -38,11 +50,23 @@ pub fn header_request_id(headers: &HeaderMap) -> Option<&str> {
 }
 
 pub(crate) fn renderer(state: &AppState) -> Result<&Arc<Renderer>, ApiError> {
-    state.renderer.as_ref().ok_or_else(|| {
-        ApiError::not_implemented(
-            "This server has no renderer (it was started with --tokens-only).",
-        )
-    })
+    state
+        .renderer
+        .as_ref()
+        .ok_or_else(|| no_tokenizer(state, "renderer"))
+}
+
+/// Why a server without a tokenizer cannot serve a text route: `--skip-tokenizer-init` is a
+/// request the server cannot take (vLLM's renderer message, 400); `--tokens-only` has no such
+/// routes at all (501).
+fn no_tokenizer(state: &AppState, what: &str) -> ApiError {
+    if state.settings.skip_tokenizer_init {
+        ApiError::bad_request("Tokenizer not available when `skip_tokenizer_init=True`")
+    } else {
+        ApiError::not_implemented(format!(
+            "This server has no {what} (it was started with --tokens-only)."
+        ))
+    }
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, ApiError> {
@@ -140,11 +164,10 @@ async fn detokenize(
 }
 
 pub(crate) fn derenderer(state: &AppState) -> Result<&Arc<Derenderer>, ApiError> {
-    state.derenderer.as_ref().ok_or_else(|| {
-        ApiError::not_implemented(
-            "This server has no derenderer (it was started with --tokens-only).",
-        )
-    })
+    state
+        .derenderer
+        .as_ref()
+        .ok_or_else(|| no_tokenizer(state, "derenderer"))
 }
 
 /// Run CPU-bound library work off the async reactor and flatten its errors.
