@@ -22,7 +22,10 @@ model of fixtures/arch/models. Options may follow after commas:
 
 `tool` / `reasoning` set --tool-call-parser / --reasoning-parser on both servers (aphro also
 gets --enable-auto-tool-choice, which vllm-rs has no flag for); without them vllm-rs gets
-`none` (its default is `auto`, aphro has no parser by default). `max_model_len` is `config`
+`none` (its default is `auto`, aphro has no parser by default). `vllm_tool` / `vllm_reasoning`
+override what vllm-rs gets where its names differ (`auto` = leave its default), e.g.
+`fixture:gpt_oss,tool=openai,reasoning=openai_gptoss,vllm_tool=auto,vllm_reasoning=auto`
+(vllm-rs parses gpt-oss natively with Harmony and refuses a generic parser there). `max_model_len` is `config`
 (the default: derived from config.json and passed to both), `none` (passed to neither), or a
 number. `aphro_model` gives aphro another file for the same model (e.g. the GGUF) instead of the
 directory; it is then served under the directory's name.
@@ -524,7 +527,7 @@ def parse_model_spec(spec):
     target, opts = parts[0], {}
     for p in parts[1:]:
         k, _, v = p.partition("=")
-        if k not in ("tool", "reasoning", "max_model_len", "aphro_model"):
+        if k not in ("tool", "reasoning", "vllm_tool", "vllm_reasoning", "max_model_len", "aphro_model"):
             sys.exit(f"model spec `{spec}`: unknown option `{k}`")
         opts[k] = v
     if target.startswith("fixture:"):
@@ -557,15 +560,13 @@ def run_model(spec, args, corpus, log_root):
         common += ["--max-model-len", str(mml_flag)]
     vllm_extra, aphro_extra = [], []
     if opts.get("tool"):
-        vllm_extra += ["--tool-call-parser", opts["tool"]]
         aphro_extra += ["--tool-call-parser", opts["tool"], "--enable-auto-tool-choice"]
-    else:
-        vllm_extra += ["--tool-call-parser", "none"]
     if opts.get("reasoning"):
-        vllm_extra += ["--reasoning-parser", opts["reasoning"]]
         aphro_extra += ["--reasoning-parser", opts["reasoning"]]
-    else:
-        vllm_extra += ["--reasoning-parser", "none"]
+    for flag, key in (("--tool-call-parser", "tool"), ("--reasoning-parser", "reasoning")):
+        name = opts.get(f"vllm_{key}", opts.get(key) or "none")
+        if name != "auto":
+            vllm_extra += [flag, name]
     aphro_model = model
     if opts.get("aphro_model"):
         aphro_model = opts["aphro_model"]
