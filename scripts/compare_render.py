@@ -388,13 +388,23 @@ def normalize_random(node, path=""):
     return walk(node, path), subs
 
 
+def dumps(v):
+    """JSON text of a parsed value, floats spelled as they came (Num is a str subclass)."""
+    def mark(n):
+        if isinstance(n, Num):
+            return f"\x00N{n}\x00"
+        if isinstance(n, dict):
+            return {k: mark(x) for k, x in n.items()}
+        if isinstance(n, list):
+            return [mark(x) for x in n]
+        return n
+    return re.sub(r'"\\u0000N(.*?)\\u0000"', r"\1", json.dumps(mark(v), ensure_ascii=False, default=str))
+
+
 def fmt(v, width=60):
     if v is ABSENT:
         return "<absent>"
-    if isinstance(v, Num):
-        s = str(v)
-    else:
-        s = json.dumps(v, ensure_ascii=False, default=str)
+    s = dumps(v)
     s = s.replace("\n", "\\n")
     return s if len(s) <= width else s[: width - 1] + "…"
 
