@@ -1,0 +1,745 @@
+#!/usr/bin/env python3
+"""Compare aphro's render server with vLLM's own Rust render server, answer by answer.
+
+`aphro launch render MODEL` must answer exactly like `vllm-rs render MODEL` (the Rust render
+server shipped inside the vllm 0.33.0 wheel). This script starts both on free loopback ports on
+the same model directory (same tokenizer, same chat template, same flags), sends every request
+of a corpus (scripts/render_corpus.json) to both, and diffs the answers (HTTP status + JSON
+body) field by field. Random-by-nature fields are compared by shape only (RANDOM_FIELDS);
+deliberate, documented differences are listed in DOCUMENTED_DIFFERENCES (and in
+docs/render-compat.md). Any other difference makes the exit status 1.
+
+    scripts/compare_render.py --vllm-rs PATH --aphro PATH MODEL [MODEL ...]
+    scripts/compare_render.py --fetch MODEL ...     # vllm-rs from the pinned vllm wheel
+
+MODEL is an HF-layout model directory (config.json, tokenizer.json, tokenizer_config.json,
+optionally chat_template.jinja; no weights needed), or `fixture:NAME`, which assembles such a
+directory from the tokenizer fixtures (see FIXTURE_MODELS), or `arch:NAME`, a tiny complete
+model of fixtures/arch/models. Options may follow after commas:
+
+    fixture:qwen3,tool=hermes,reasoning=qwen3,max_model_len=4096
+    fixture:smollm2,aphro_model=/path/SmolLM2-135M-Instruct.Q4_1.gguf
+
+`tool` / `reasoning` set --tool-call-parser / --reasoning-parser on both servers (aphro also
+gets --enable-auto-tool-choice, which vllm-rs has no flag for); without them vllm-rs gets
+`none` (its default is `auto`, aphro has no parser by default). `vllm_tool` / `vllm_reasoning`
+override what vllm-rs gets where its names differ (`auto` = leave its default), e.g.
+`fixture:gpt_oss,tool=openai,reasoning=openai_gptoss,vllm_tool=auto,vllm_reasoning=auto`
+(vllm-rs parses gpt-oss natively with Harmony and refuses a generic parser there). `max_model_len` is `config`
+(the default: derived from config.json and passed to both), `none` (passed to neither), or a
+number. `aphro_model` gives aphro another file for the same model (e.g. the GGUF) instead of the
+directory; it is then served under the directory's name.
+
+Only the Python 3 standard library is used.
+"""
+import argparse
+import fnmatch
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CORPUS = ROOT / "scripts" / "render_corpus.json"
+
+# --- the reference binary --------------------------------------------------------------------
+
+VLLM_VERSION = "0.33.0"
+# The wheel pip picks on x86-64 Linux (any CPython >= 3.8; abi3).
+VLLM_WHEEL = "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+VLLM_WHEEL_SHA256 = "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+VLLM_RS_MEMBER = "vllm/vllm-rs"
+VLLM_RS_SHA256 = "ee53a9eec77b858799f7526ad0f284df808d9350b8b4d6f1754583f9f8782c62"
+
+# --- what the diff ignores -------------------------------------------------------------------
+
+# Fields whose values are random by nature. Each entry: (regex over the JSON path, regex over
+# the value). When both match, the random part (the named group `r`, or the whole value) is
+# replaced by a placeholder that keeps only its shape, so `chatcmpl-<8 hex>` and
+# `chatcmpl-<16 hex>` still differ, but two fresh ids of the same shape do not.
+RANDOM_FIELDS = [
+    # request ids: chat `chatcmpl-<random>`, completions `cmpl-<random>` / `cmpl-<random>-<i>`
+    (r"^(\[\d+\])?\.request_id$", r"^(chatcmpl-|cmpl-)(?P<r>[0-9a-fA-F]{6,}|[0-9a-fA-F-]{36})(-\d+)?$"),
+    # /v1/models: creation timestamps of the model card and of its permission objects
+    (r"^\.data\[\d+\]\.created$", r"^\d+$"),
+    (r"^\.data\[\d+\]\.permission\[\d+\]\.created$", r"^\d+$"),
+    # /v1/models: permission ids `modelperm-<random>`
+    (r"^\.data\[\d+\]\.permission\[\d+\]\.id$", r"^modelperm-(?P<r>[0-9a-fA-F]{6,}|[0-9a-fA-F-]{36})$"),
+]
+
+# Deliberate differences, each with a one-line reason (keep docs/render-compat.md in step).
+# Each entry: {"request": fnmatch pattern over request names, "path": regex over JSON paths,
+#              "reason": "..."}. `<status>` is the path of the HTTP status, `<bytes>` of a
+# serialization-only difference (same JSON, different bytes: key order, number spelling).
+DOCUMENTED_DIFFERENCES = []
+
+# --- fixture models --------------------------------------------------------------------------
+
+# Model directories assembled from the tokenizer fixtures: the tokenizer files plus a config.json
+# trimmed to what a render server reads (architecture, model type, vocabulary size, context
+# length, bos/eos ids), with the upstream model's values. vocab_size is raised to the
+# tokenizer's size where the fixture tokenizer has more ids than the upstream config.
+FIXTURE_MODELS = {
+    "smollm2": {"arch": "LlamaForCausalLM", "model_type": "llama", "ctx": 8192, "vocab": 49152, "bos": 1, "eos": 2},
+    "qwen3": {"arch": "Qwen3ForCausalLM", "model_type": "qwen3", "ctx": 40960, "vocab": 151936, "bos": 151643, "eos": 151645},
+    "llama3": {"arch": "LlamaForCausalLM", "model_type": "llama", "ctx": 131072, "vocab": 128256, "bos": 128000, "eos": [128001, 128008, 128009]},
+    "deepseek_v3": {"arch": "DeepseekV3ForCausalLM", "model_type": "deepseek_v3", "ctx": 163840, "vocab": 129280, "bos": 0, "eos": 1},
+    "deepseek_r1": {"arch": "DeepseekV3ForCausalLM", "model_type": "deepseek_v3", "ctx": 163840, "vocab": 129280, "bos": 0, "eos": 1},
+    "deepseek_v3_1": {"arch": "DeepseekV3ForCausalLM", "model_type": "deepseek_v3", "ctx": 163840, "vocab": 129280, "bos": 0, "eos": 1},
+    "gemma3": {"arch": "Gemma3ForCausalLM", "model_type": "gemma3_text", "ctx": 32768, "vocab": 262144, "bos": 2, "eos": 1},
+    "gpt_oss": {"arch": "GptOssForCausalLM", "model_type": "gpt_oss", "ctx": 131072, "vocab": 201088, "bos": 199998, "eos": 200002},
+    "glm4_7_flash": {"arch": "Glm4MoeLiteForCausalLM", "model_type": "glm4_moe_lite", "ctx": 202752, "vocab": 154880},
+    "mistral7b_spm": {"arch": "MistralForCausalLM", "model_type": "mistral", "ctx": 32768, "vocab": 32000, "bos": 1, "eos": 2},
+}
+FIXTURE_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+
+
+def fixtures_roots():
+    env = os.environ.get("APHRO_FIXTURES")
+    roots = [Path(env)] if env else []
+    roots += [ROOT / "shared" / "fixtures", ROOT.parent / "shared" / "fixtures"]
+    return [r for r in roots if r.is_dir()]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("APHRO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "aphro")
+    return Path(base) / "render-compare"
+
+
+def tokenizer_size(tok_json: Path) -> int:
+    t = json.loads(tok_json.read_text(encoding="utf-8"))
+    vocab = t.get("model", {}).get("vocab")
+    ids = [-1]
+    if isinstance(vocab, dict):
+        ids.append(max(vocab.values(), default=-1))
+    elif isinstance(vocab, list):
+        ids.append(len(vocab) - 1)
+    ids += [a["id"] for a in t.get("added_tokens", [])]
+    return max(ids) + 1
+
+
+def assemble_fixture(name: str) -> Path:
+    if name not in FIXTURE_MODELS:
+        sys.exit(f"unknown fixture `{name}`; known: {', '.join(sorted(FIXTURE_MODELS))}")
+    src = None
+    for r in fixtures_roots():
+        if (r / "tokenizers" / name / "tokenizer.json").is_file():
+            src = r / "tokenizers" / name
+            break
+    if src is None:
+        sys.exit(f"fixture `{name}`: no tokenizers/{name}/tokenizer.json under "
+                 f"{[str(r) for r in fixtures_roots()] or 'any fixtures root (set APHRO_FIXTURES)'}")
+    spec = FIXTURE_MODELS[name]
+    out = cache_dir() / "models" / name
+    out.mkdir(parents=True, exist_ok=True)
+    for f in FIXTURE_FILES:
+        target = out / f
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        if (src / f).is_file():
+            target.symlink_to((src / f).resolve())
+    cfg = {
+        "architectures": [spec["arch"]],
+        "model_type": spec["model_type"],
+        "max_position_embeddings": spec["ctx"],
+        "vocab_size": max(spec["vocab"], tokenizer_size(src / "tokenizer.json")),
+    }
+    if "bos" in spec:
+        cfg["bos_token_id"] = spec["bos"]
+    if "eos" in spec:
+        cfg["eos_token_id"] = spec["eos"]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out
+
+
+def resolve_arch(name: str) -> Path:
+    for r in fixtures_roots():
+        d = r / "arch" / "models" / name
+        if (d / "config.json").is_file():
+            return d
+    sys.exit(f"arch model `{name}` not found under {[str(r) for r in fixtures_roots()]}")
+
+
+def max_model_len_from_config(cfg: dict):
+    # vLLM's derivation, the common keys only (no rope-scaling factor).
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "max_sequence_length", "max_seq_length", "seq_len", "model_max_length"):
+        v = cfg.get(key)
+        if isinstance(v, int):
+            return v
+    tc = cfg.get("text_config")
+    if isinstance(tc, dict):
+        return max_model_len_from_config(tc)
+    return None
+
+
+# --- fetching vllm-rs ------------------------------------------------------------------------
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_vllm_rs() -> Path:
+    """vllm-rs from the pinned vllm wheel, downloaded once with pip and verified."""
+    d = cache_dir() / f"vllm-{VLLM_VERSION}"
+    binary = d / "vllm-rs"
+    if binary.is_file() and sha256_of(binary) == VLLM_RS_SHA256:
+        return binary
+    wheel_dir = d / "wheel"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    wheel = wheel_dir / VLLM_WHEEL
+    if not wheel.is_file() or sha256_of(wheel) != VLLM_WHEEL_SHA256:
+        # --require-hashes makes pip refuse anything but the pinned file, before it is kept.
+        req = wheel_dir / "requirements.txt"
+        req.write_text(f"vllm=={VLLM_VERSION} --hash=sha256:{VLLM_WHEEL_SHA256}\n")
+        print(f"downloading vllm=={VLLM_VERSION} (about 340 MB) with pip ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "--platform", "manylinux_2_28_x86_64", "--require-hashes",
+                        "-r", str(req), "-d", str(wheel_dir)], check=True)
+    if not wheel.is_file():
+        sys.exit(f"pip did not produce {wheel}")
+    got = sha256_of(wheel)
+    if got != VLLM_WHEEL_SHA256:
+        sys.exit(f"{wheel}: sha256 {got}, expected {VLLM_WHEEL_SHA256}")
+    with zipfile.ZipFile(wheel) as z:
+        tmp = binary.with_suffix(".part")
+        with z.open(VLLM_RS_MEMBER) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    got = sha256_of(tmp)
+    if got != VLLM_RS_SHA256:
+        tmp.unlink()
+        sys.exit(f"{VLLM_RS_MEMBER} in {wheel}: sha256 {got}, expected {VLLM_RS_SHA256}")
+    tmp.chmod(0o755)
+    tmp.replace(binary)
+    return binary
+
+
+def default_aphro() -> Path:
+    cands = [p for p in (ROOT / "target" / "release" / "aphro", ROOT / "target" / "debug" / "aphro")
+             if p.is_file()]
+    if not cands:
+        sys.exit("no aphro binary: pass --aphro or set APHRO_BIN (or build target/{release,debug}/aphro)")
+    return max(cands, key=lambda p: p.stat().st_mtime)
+
+
+# --- servers ---------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, label, argv, port, log_dir):
+        self.label, self.argv, self.port = label, argv, port
+        self.log_path = Path(log_dir) / f"{label}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, deadline):
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                st, _, _ = http_call(self.port, "GET", "/health", None, {}, timeout=2)
+                if st == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.label} not ready in time:\n{self.log_tail()}")
+
+    def log_tail(self, n=30):
+        self.log.flush()
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def http_call(port, method, path, body, headers, timeout=120):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.getheader("content-type"), r.read()
+    finally:
+        conn.close()
+
+
+# --- corpus ----------------------------------------------------------------------------------
+
+def eval_count(n, ctx):
+    if isinstance(n, int):
+        return n
+    m = re.fullmatch(r"\s*max_model_len\s*(?:([+*-])\s*(\d+))?\s*", str(n))
+    if not m:
+        raise ValueError(f"bad count expression {n!r}")
+    v = ctx["max_model_len"]
+    if m.group(1) == "+":
+        v += int(m.group(2))
+    elif m.group(1) == "-":
+        v -= int(m.group(2))
+    elif m.group(1) == "*":
+        v *= int(m.group(2))
+    return v
+
+
+def expand(node, defs, ctx):
+    if isinstance(node, str):
+        return ctx["model"] if node == "$MODEL" else node
+    if isinstance(node, list):
+        return [expand(x, defs, ctx) for x in node]
+    if isinstance(node, dict):
+        if "$def" in node:
+            return expand(defs[node["$def"]], defs, ctx)
+        if "$repeat" in node:
+            return node["$repeat"] * eval_count(node["times"], ctx)
+        if "$repeat_list" in node:
+            return [expand(node["$repeat_list"], defs, ctx)] * eval_count(node["times"], ctx)
+        if "$int" in node:
+            return eval_count(node["$int"], ctx)
+        return {k: expand(v, defs, ctx) for k, v in node.items()}
+    return node
+
+
+def build_request(entry, defs, ctx):
+    method = entry.get("method", "POST")
+    headers = dict(entry.get("headers", {}))
+    body = None
+    if "raw_body" in entry:
+        body = entry["raw_body"].replace("$MODEL", ctx["model"]).encode("utf-8")
+    elif "body" in entry:
+        body = json.dumps(expand(entry["body"], defs, ctx), ensure_ascii=False).encode("utf-8")
+    if body is not None:
+        headers.setdefault("Content-Type", entry.get("content_type", "application/json"))
+    return method, entry["path"], body, headers
+
+
+# --- diffing ---------------------------------------------------------------------------------
+
+class Num(str):
+    """A JSON float kept as its spelling, so 1 vs 1.0 and 0.7 vs 0.699999988 differ."""
+
+
+def parse_json(raw: bytes):
+    return json.loads(raw.decode("utf-8"), parse_float=Num)
+
+
+def shape_of(s: str) -> str:
+    if re.fullmatch(r"[0-9a-f-]{36}", s) and s.count("-") == 4:
+        return "<uuid>"
+    if re.fullmatch(r"[0-9a-f]+", s):
+        return f"<{len(s)} hex>"
+    if re.fullmatch(r"[0-9a-fA-F]+", s):
+        return f"<{len(s)} HEX>"
+    return f"<{len(s)} chars>"
+
+
+def normalize_random(node, path=""):
+    """Replace random-by-nature values by their shape; returns (new node, [(old, new) raw])."""
+    subs = []
+
+    def walk(n, p):
+        if isinstance(n, dict):
+            return {k: walk(v, f"{p}.{k}") for k, v in n.items()}
+        if isinstance(n, list):
+            return [walk(v, f"{p}[{i}]") for i, v in enumerate(n)]
+        for prx, vrx in RANDOM_FIELDS:
+            if re.search(prx, p) and isinstance(n, (str, int)) and not isinstance(n, bool):
+                m = re.search(vrx, str(n))
+                if m:
+                    if "r" in m.groupdict() and m.group("r") is not None:
+                        new = str(n)[:m.start("r")] + shape_of(m.group("r")) + str(n)[m.end("r"):]
+                    else:
+                        new = "<random int>" if isinstance(n, int) else shape_of(str(n))
+                    subs.append((json.dumps(n), json.dumps(new)))
+                    return new
+        return n
+
+    return walk(node, path), subs
+
+
+def dumps(v):
+    """JSON text of a parsed value, floats spelled as they came (Num is a str subclass)."""
+    def mark(n):
+        if isinstance(n, Num):
+            return f"\x00N{n}\x00"
+        if isinstance(n, dict):
+            return {k: mark(x) for k, x in n.items()}
+        if isinstance(n, list):
+            return [mark(x) for x in n]
+        return n
+    return re.sub(r'"\\u0000N(.*?)\\u0000"', r"\1", json.dumps(mark(v), ensure_ascii=False, default=str))
+
+
+def fmt(v, width=60):
+    if v is ABSENT:
+        return "<absent>"
+    s = dumps(v)
+    s = s.replace("\n", "\\n")
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+class _Absent:
+    pass
+
+
+ABSENT = _Absent()
+
+
+def same_scalar(a, b):
+    return type(a) is type(b) and a == b
+
+
+def diff(a, b, path=""):
+    """Field-by-field differences: [(path, value_a, value_b)]."""
+    out = []
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            out += diff(a.get(k, ABSENT), b.get(k, ABSENT), f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        scalars = all(not isinstance(x, (dict, list)) for x in a + b)
+        if scalars:
+            if len(a) != len(b) or any(not same_scalar(x, y) for x, y in zip(a, b)):
+                out.append((path, a, b))
+            return out
+        for i in range(max(len(a), len(b))):
+            out += diff(a[i] if i < len(a) else ABSENT, b[i] if i < len(b) else ABSENT, f"{path}[{i}]")
+        return out
+    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+        if a != b:
+            out.append((path, a, b))
+        return out
+    if not same_scalar(a, b):
+        out.append((path, a, b))
+    return out
+
+
+def list_detail(a, b):
+    """For two differing scalar lists: lengths and the first differing index."""
+    if not (isinstance(a, list) and isinstance(b, list)):
+        return ""
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if not same_scalar(x, y)), min(len(a), len(b)))
+    xa = fmt(a[i], 20) if i < len(a) else "<end>"
+    xb = fmt(b[i], 20) if i < len(b) else "<end>"
+    return f"len {len(a)} vs {len(b)}; first diff at [{i}]: {xa} vs {xb}"
+
+
+def compare(res_a, res_b, lenient_mode=False):
+    """res = (status, content_type, raw). Returns [(path, va, vb, detail)]."""
+    (sa, _, ra), (sb, _, rb) = res_a, res_b
+    out = []
+    if sa != sb:
+        out.append(("<status>", sa, sb, ""))
+    try:
+        ja, jb = parse_json(ra), parse_json(rb)
+    except (ValueError, UnicodeDecodeError):
+        if ra != rb:
+            out.append(("<body>", ra.decode("utf-8", "replace"), rb.decode("utf-8", "replace"), "not JSON"))
+        return out
+    na, subs_a = normalize_random(ja)
+    nb, subs_b = normalize_random(jb)
+    if lenient_mode:
+        na, nb = lenient(na), lenient(nb)
+    for p, va, vb in diff(na, nb):
+        out.append((p or ".", va, vb, list_detail(va, vb)))
+    if not lenient_mode and (not out or out == [("<status>", sa, sb, "")]):
+        # Same JSON: are the bytes the same too (key order, number spelling, whitespace)?
+        xa, xb = ra.decode("utf-8"), rb.decode("utf-8")
+        for old, new in subs_a:
+            xa = xa.replace(old, new)
+        for old, new in subs_b:
+            xb = xb.replace(old, new)
+        if xa != xb:
+            i = next((i for i, (x, y) in enumerate(zip(xa, xb)) if x != y), min(len(xa), len(xb)))
+            out.append(("<bytes>", xa[max(0, i - 20): i + 40], xb[max(0, i - 20): i + 40],
+                        f"same JSON, different serialization at byte {i}"))
+    return out
+
+
+# --lenient (an analysis lens, never the default): values a consumer cannot tell from an
+# absent key. A GenerateRequest key whose value is its wire default, and a sampling_params key
+# whose value is msgspec's SamplingParams default (or the post-init spelling of it), are dropped
+# from both answers before the diff, and so are nulls anywhere.
+LENIENT_REQUEST_DEFAULTS = {"output_mode": ["tokens"], "stream": [False], "priority": [0]}
+LENIENT_SAMPLING_DEFAULTS = {
+    "n": [1], "presence_penalty": [0, "0.0"], "frequency_penalty": [0, "0.0"],
+    "repetition_penalty": [1, "1.0"], "temperature": [1, "1.0"], "top_p": [1, "1.0"],
+    "top_k": [0], "min_p": [0, "0.0"], "stop": [[]], "stop_token_ids": [[]], "bad_words": [[]],
+    "ignore_eos": [False], "min_tokens": [0], "detokenize": [True], "skip_special_tokens": [True],
+    "spaces_between_special_tokens": [True], "include_stop_str_in_output": [False],
+    "output_kind": [0], "skip_clone": [False], "output_text_buffer_length": [0],
+    "flat_logprobs": [False], "routed_experts_prompt_start": [0],
+}
+
+
+def lenient(node, in_sampling=False):
+    if isinstance(node, list):
+        return [lenient(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if v is None:
+            continue
+        if in_sampling and k in LENIENT_SAMPLING_DEFAULTS and any(
+                same_scalar(v, d) or (isinstance(v, Num) and str(d) == v) or v == d and isinstance(v, list)
+                for d in LENIENT_SAMPLING_DEFAULTS[k]):
+            continue
+        if not in_sampling and "token_ids" in node and k in LENIENT_REQUEST_DEFAULTS and any(
+                same_scalar(v, d) for d in LENIENT_REQUEST_DEFAULTS[k]):
+            continue
+        out[k] = lenient(v, in_sampling=(k == "sampling_params"))
+    return out
+
+
+def documented(name, path):
+    for d in DOCUMENTED_DIFFERENCES:
+        if fnmatch.fnmatchcase(name, d["request"]) and re.search(d["path"], path):
+            return d["reason"]
+    return None
+
+
+# --- running ---------------------------------------------------------------------------------
+
+def parse_model_spec(spec):
+    parts = spec.split(",")
+    target, opts = parts[0], {}
+    for p in parts[1:]:
+        k, _, v = p.partition("=")
+        if k not in ("tool", "reasoning", "vllm_tool", "vllm_reasoning", "max_model_len", "aphro_model"):
+            sys.exit(f"model spec `{spec}`: unknown option `{k}`")
+        opts[k] = v
+    if target.startswith("fixture:"):
+        path = assemble_fixture(target[len("fixture:"):])
+    elif target.startswith("arch:"):
+        path = resolve_arch(target[len("arch:"):])
+    else:
+        path = Path(target)
+        if not (path / "config.json").is_file():
+            sys.exit(f"{target}: not a model directory (no config.json)")
+    return target, path, opts
+
+
+def run_model(spec, args, corpus, log_root):
+    label, path, opts = parse_model_spec(spec)
+    cfg = json.loads((path / "config.json").read_text())
+    mml = opts.get("max_model_len", args.max_model_len)
+    cfg_len = max_model_len_from_config(cfg)
+    if mml == "config":
+        mml_flag = cfg_len
+    elif mml == "none":
+        mml_flag = None
+    else:
+        mml_flag = int(mml)
+    model = str(path)
+    ctx = {"model": model, "max_model_len": mml_flag or cfg_len or 4096}
+
+    common = []
+    if mml_flag is not None:
+        common += ["--max-model-len", str(mml_flag)]
+    vllm_extra, aphro_extra = [], []
+    if opts.get("tool"):
+        aphro_extra += ["--tool-call-parser", opts["tool"], "--enable-auto-tool-choice"]
+    if opts.get("reasoning"):
+        aphro_extra += ["--reasoning-parser", opts["reasoning"]]
+    for flag, key in (("--tool-call-parser", "tool"), ("--reasoning-parser", "reasoning")):
+        name = opts.get(f"vllm_{key}", opts.get(key) or "none")
+        if name != "auto":
+            vllm_extra += [flag, name]
+    aphro_model = model
+    if opts.get("aphro_model"):
+        aphro_model = opts["aphro_model"]
+        aphro_extra += ["--served-model-name", model]
+
+    log_dir = Path(log_root) / re.sub(r"[^A-Za-z0-9_.-]+", "_", spec)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pa, pv = free_port(), free_port()
+    argv_a = [str(args.aphro), "launch", "render", aphro_model, "--port", str(pa)] + common + aphro_extra + args.aphro_arg
+    argv_v = [str(args.vllm_rs), "render", model, "--port", str(pv)] + common + vllm_extra + args.vllm_rs_arg
+    print(f"\n## {spec}\n  aphro:   {' '.join(argv_a)}\n  vllm-rs: {' '.join(argv_v)}", flush=True)
+    t0 = time.time()
+    servers = []
+    try:
+        servers.append(Server("aphro", argv_a, pa, log_dir))
+        servers.append(Server("vllm-rs", argv_v, pv, log_dir))
+        for s in servers:
+            s.wait_ready(t0 + args.startup_timeout)
+        t_ready = time.time() - t0
+        rows = []
+        for entry in corpus["requests"]:
+            if args.only and not any(re.search(o, entry["name"]) for o in args.only):
+                continue
+            method, rpath, body, headers = build_request(entry, corpus.get("defs", {}), ctx)
+            res = {}
+            for s in servers:
+                try:
+                    res[s.label] = http_call(s.port, method, rpath, body, headers, args.request_timeout)
+                except OSError as e:
+                    res[s.label] = (0, None, f"<transport error: {e}>".encode())
+                if s.proc.poll() is not None:
+                    raise RuntimeError(f"{s.label} died on {entry['name']}:\n{s.log_tail()}")
+            diffs = compare(res["aphro"], res["vllm-rs"], args.lenient)
+            rows.append({"name": entry["name"], "status": (res["aphro"][0], res["vllm-rs"][0]),
+                         "diffs": [(p, va, vb, det, documented(entry["name"], p)) for p, va, vb, det in diffs],
+                         "bodies": (res["aphro"][2], res["vllm-rs"][2]), "request": body})
+        return {"spec": spec, "model": model, "argv": {"aphro": argv_a, "vllm-rs": argv_v},
+                "ready_s": t_ready, "total_s": time.time() - t0, "rows": rows, "log_dir": str(log_dir)}
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def print_table(result, show_identical, width):
+    rows = result["rows"]
+    nw = max([len(r["name"]) for r in rows] + [7])
+    print(f"\n{'request':<{nw}}  aphro  vllm-rs  result")
+    print(f"{'-' * nw}  -----  -------  {'-' * 40}")
+    n_same = n_doc = n_bad = 0
+    for r in rows:
+        sa, sv = r["status"]
+        undoc = [d for d in r["diffs"] if d[4] is None]
+        if not r["diffs"]:
+            n_same += 1
+            if show_identical:
+                print(f"{r['name']:<{nw}}  {sa:>5}  {sv:>7}  identical")
+            continue
+        if undoc:
+            n_bad += 1
+        else:
+            n_doc += 1
+        first = True
+        for p, va, vb, det, reason in r["diffs"]:
+            head = f"{r['name']:<{nw}}  {sa:>5}  {sv:>7}" if first else " " * (nw + 16)
+            tag = f"[documented: {reason}] " if reason else ""
+            print(f"{head}  {tag}{p}: aphro={fmt(va, width)} vllm-rs={fmt(vb, width)}" + (f" ({det})" if det else ""))
+            first = False
+    print_summary(rows, width)
+    print(f"\n{len(rows)} requests: {n_same} identical, {n_doc} with documented differences only, "
+          f"{n_bad} with undocumented differences; servers ready in {result['ready_s']:.1f}s, "
+          f"run {result['total_s']:.1f}s")
+    return n_bad
+
+
+def print_summary(rows, width):
+    """The same differences grouped by JSON path (array indices folded to [*]), to see causes."""
+    by_path = {}
+    for r in rows:
+        for p, va, vb, _, reason in r["diffs"]:
+            key = re.sub(r"\[\d+\]", "[*]", p)
+            e = by_path.setdefault(key, {"requests": [], "pairs": {}, "documented": reason})
+            if r["name"] not in e["requests"]:
+                e["requests"].append(r["name"])
+            pair = (fmt(va, width // 2), fmt(vb, width // 2))
+            e["pairs"][pair] = e["pairs"].get(pair, 0) + 1
+    if not by_path:
+        return
+    print(f"\nby path ({len(by_path)} paths):")
+    for key, e in sorted(by_path.items(), key=lambda kv: (-len(kv[1]["requests"]), kv[0])):
+        names = e["requests"]
+        shown = ", ".join(names[:4]) + (f", +{len(names) - 4} more" if len(names) > 4 else "")
+        print(f"  {key}  [{len(names)} request(s): {shown}]")
+        for (a, b), n in sorted(e["pairs"].items(), key=lambda kv: -kv[1])[:3]:
+            print(f"      {n:>3}x aphro={a} vllm-rs={b}")
+        if len(e["pairs"]) > 3:
+            print(f"      ... {len(e['pairs']) - 3} more value pairs")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("models", nargs="+", metavar="MODEL", help="model directory, fixture:NAME or arch:NAME (with ,opt=val ...)")
+    ap.add_argument("--vllm-rs", default=os.environ.get("APHRO_VLLM_RS"),
+                    help="vllm-rs binary (env APHRO_VLLM_RS)")
+    ap.add_argument("--fetch", action="store_true",
+                    help=f"use vllm-rs from the pinned vllm=={VLLM_VERSION} wheel (pip download, sha256-checked, cached)")
+    ap.add_argument("--aphro", default=os.environ.get("APHRO_BIN"),
+                    help="aphro binary (env APHRO_BIN; default: the newer of target/{release,debug}/aphro)")
+    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    ap.add_argument("--only", action="append", default=[], metavar="REGEX", help="only requests whose name matches (repeatable)")
+    ap.add_argument("--max-model-len", default="config", help="config (default) | none | N; per model: ,max_model_len=")
+    ap.add_argument("--aphro-arg", action="append", default=[], help="extra argument for aphro (repeatable)")
+    ap.add_argument("--vllm-rs-arg", action="append", default=[], help="extra argument for vllm-rs (repeatable)")
+    ap.add_argument("--startup-timeout", type=float, default=300)
+    ap.add_argument("--request-timeout", type=float, default=120)
+    ap.add_argument("--lenient", action="store_true",
+                    help="analysis lens: treat nulls and wire-default values as absent (see LENIENT_*); "
+                         "not the compatibility verdict")
+    ap.add_argument("--show-identical", action="store_true", help="list identical answers too")
+    ap.add_argument("--width", type=int, default=70, help="characters per shown value")
+    ap.add_argument("--json-report", metavar="FILE", help="write every request, both answers and the diffs as JSON")
+    ap.add_argument("--log-dir", help="keep the server logs here (default: a temporary directory, removed)")
+    args = ap.parse_args()
+
+    if args.fetch:
+        args.vllm_rs = str(fetch_vllm_rs())
+    if not args.vllm_rs:
+        sys.exit("no vllm-rs binary: pass --vllm-rs, set APHRO_VLLM_RS, or use --fetch")
+    args.aphro = Path(args.aphro) if args.aphro else default_aphro()
+    corpus = json.loads(Path(args.corpus).read_text(encoding="utf-8"))
+
+    log_root = args.log_dir or tempfile.mkdtemp(prefix="render-compare-")
+    t0 = time.time()
+    results, bad = [], 0
+    try:
+        for spec in args.models:
+            try:
+                result = run_model(spec, args, corpus, log_root)
+            except RuntimeError as e:
+                print(f"  could not run {spec}: {e}", flush=True)
+                bad += 1
+                continue
+            results.append(result)
+            bad += print_table(result, args.show_identical, args.width)
+    finally:
+        if not args.log_dir:
+            shutil.rmtree(log_root, ignore_errors=True)
+    if args.json_report:
+        def dec(b):
+            return None if b is None else b.decode("utf-8", "replace")
+        rep = [{"spec": r["spec"], "model": r["model"], "argv": r["argv"], "ready_s": r["ready_s"],
+                "total_s": r["total_s"],
+                "rows": [{"name": x["name"], "status": x["status"], "request": dec(x["request"]),
+                          "aphro": dec(x["bodies"][0]), "vllm_rs": dec(x["bodies"][1]),
+                          "diffs": [{"path": p, "aphro": fmt(va, 10 ** 6), "vllm_rs": fmt(vb, 10 ** 6),
+                                     "detail": det, "documented": why} for p, va, vb, det, why in x["diffs"]]}
+                         for x in r["rows"]]} for r in results]
+        Path(args.json_report).write_text(json.dumps(rep, indent=1, ensure_ascii=False) + "\n")
+    print(f"\ntotal {time.time() - t0:.1f}s; {'FAIL' if bad else 'OK'}: "
+          f"{bad} request(s)/model(s) with undocumented differences")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
