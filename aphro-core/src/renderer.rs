@@ -609,11 +609,8 @@ impl Renderer {
         };
         let prompt_logprobs = req
             .prompt_logprobs
-            .or(if req.echo && req.top_logprobs.is_some() {
-                Some(top_logprobs)
-            } else {
-                None
-            });
+            // vLLM's `top_logprobs` defaults to 0, so `echo` always asks for prompt logprobs.
+            .or(req.echo.then_some(top_logprobs));
         let mut sp = self.common_params(CommonSampling {
             n: req.n,
             presence_penalty: req.presence_penalty,

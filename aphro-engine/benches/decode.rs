@@ -41,6 +41,7 @@ fn main() {
         dtype,
         // Room for the batch-16 run at long decodes (~46 KiB of K/V per SmolLM2 token).
         cache_bytes: 512 << 20,
+        min_cache_tokens: 0,
         block_size: block,
         quiet: false,
         device: aphro_engine::backend::Device::Cpu,

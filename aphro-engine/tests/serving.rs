@@ -11,7 +11,7 @@ use aphro_core::protocol::{GenerateRequest, SamplingParams, StreamOptions};
 use aphro_engine::model::{load_flex_runner, ModelDType, ModelLoadConfig};
 use aphro_engine::runner::{BatchInput, LogitsWanted, ModelRunner, SeqInput};
 use aphro_engine::serving::{
-    parse_generate_request, ServingConfig, ServingEngine, ServingError, ServingStream,
+    parse_generate_request, MaxModelLen, ServingConfig, ServingEngine, ServingError, ServingStream,
 };
 use futures::executor::block_on;
 use serde_json::{json, Value};
@@ -78,7 +78,8 @@ fn engine(cfg: ServingConfig) -> ServingEngine {
 
 fn small() -> ServingConfig {
     ServingConfig {
-        kv_cache_memory: 64 << 20,
+        kv_cache_memory: Some(64 << 20),
+        max_model_len: MaxModelLen::Auto,
         max_num_batched_tokens: 256,
         max_num_seqs: 32,
         seed: Some(0),
@@ -147,7 +148,7 @@ fn greedy_tokens_are_batch_invariant() {
     ] {
         let s = engine(ServingConfig {
             enable_prefix_caching: caching,
-            kv_cache_memory: kv,
+            kv_cache_memory: Some(kv),
             max_num_batched_tokens: 64,
             ..small()
         });
@@ -443,7 +444,7 @@ fn err(r: Result<ServingStream, ServingError>) -> Value {
 fn handler_checks_and_max_tokens_default() {
     let s = engine(ServingConfig {
         max_num_seqs: 4,
-        max_model_len: Some(40),
+        max_model_len: MaxModelLen::Tokens(40),
         ..small()
     });
     let prompt = ids(&case("chat-hello")["prompt_token_ids"]); // 31 tokens
@@ -532,6 +533,7 @@ fn half_precision_weights_track_f32() {
             model_path: gguf().into(),
             dtype,
             cache_bytes: 8 << 20,
+            min_cache_tokens: 0,
             block_size: 16,
             quiet: true,
             device: aphro_engine::backend::Device::Cpu,
@@ -653,4 +655,60 @@ fn no_eos(id: &str, prompt: Vec<u32>, max_tokens: i64) -> GenerateRequest {
         prompt,
         json!({"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": true}),
     )
+}
+
+/// `--max-model-len`: the model's context by default (the cache is sized to hold it unless
+/// its size is given, and then start-up fails when it cannot); `auto` fits the context to
+/// the cache; an explicit length is served as is.
+#[test]
+fn max_model_len_policy() {
+    let start = |kv: Option<usize>, len: MaxModelLen| {
+        ServingEngine::new(ServingConfig {
+            model: gguf(),
+            device: test_device(),
+            kv_cache_memory: kv,
+            max_model_len: len,
+            ..ServingConfig::default()
+        })
+    };
+    // SmolLM2's context is 8192; 16 MiB of f32 KV holds ~360 of its tokens.
+    let full = start(None, MaxModelLen::Model).expect("default start");
+    assert_eq!(full.max_model_len(), 8192);
+    drop(full);
+    let err = start(Some(16 << 20), MaxModelLen::Model)
+        .err()
+        .expect("a cache too small for the context is refused")
+        .to_string();
+    assert!(err.contains("max seq len (8192)"), "{err}");
+    assert!(err.contains("estimated maximum model length is"), "{err}");
+    assert!(err.contains("--max-model-len auto"), "{err}");
+    let fitted = start(Some(16 << 20), MaxModelLen::Auto).expect("auto start");
+    assert!(
+        (300..8192).contains(&fitted.max_model_len()),
+        "{}",
+        fitted.max_model_len()
+    );
+    drop(fitted);
+    let fixed = start(Some(16 << 20), MaxModelLen::Tokens(200)).expect("fixed start");
+    assert_eq!(fixed.max_model_len(), 200);
+    drop(fixed);
+    let err = start(None, MaxModelLen::Tokens(9000))
+        .err()
+        .expect("longer than the model")
+        .to_string();
+    assert!(err.contains("maximum context length 8192"), "{err}");
+}
+
+#[test]
+fn max_model_len_parses_vllm_spellings() {
+    let p = |s: &str| s.parse::<MaxModelLen>();
+    assert_eq!(p("4096"), Ok(MaxModelLen::Tokens(4096)));
+    assert_eq!(p("32k"), Ok(MaxModelLen::Tokens(32_000)));
+    assert_eq!(p("32K"), Ok(MaxModelLen::Tokens(32_768)));
+    assert_eq!(p("25.6k"), Ok(MaxModelLen::Tokens(25_600)));
+    assert_eq!(p("auto"), Ok(MaxModelLen::Auto));
+    assert_eq!(p("-1"), Ok(MaxModelLen::Auto));
+    for bad in ["", "0", "-2", "x", "1q", "1e999"] {
+        assert!(p(bad).is_err(), "{bad:?}");
+    }
 }

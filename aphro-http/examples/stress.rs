@@ -379,7 +379,14 @@ fn sigterm(opts: &Options, streams: usize) -> anyhow::Result<Row> {
     std::fs::create_dir_all(&dir)?;
     let mut s = start(
         opts,
-        &["--shutdown-timeout", "5", "--kv-cache-memory", "268435456"],
+        &[
+            "--shutdown-timeout",
+            "5",
+            "--kv-cache-memory",
+            "268435456",
+            "--max-model-len",
+            "auto",
+        ],
         dir.join("sigterm.log"),
     )?;
     let socks: Vec<TcpStream> = (0..streams)

@@ -41,7 +41,14 @@ fn aphro(args: &[&str], stdin: &str) -> (bool, String, String) {
     )
 }
 
-const ENGINE_FLAGS: &[&str] = &["--kv-cache-memory", "33554432", "--max-num-seqs", "8"];
+const ENGINE_FLAGS: &[&str] = &[
+    "--kv-cache-memory",
+    "33554432",
+    "--max-model-len",
+    "auto",
+    "--max-num-seqs",
+    "8",
+];
 
 #[test]
 fn generate_jsonl_keeps_order_and_reports_bad_lines() {

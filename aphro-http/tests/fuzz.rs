@@ -7,7 +7,7 @@
 //! A failing case is shrunk and printed in full (no failure files are written).
 use aphro_core::derenderer::{DerenderOptions, Derenderer};
 use aphro_core::{Model, RenderOptions, Renderer};
-use aphro_engine::serving::{ServingConfig, ServingEngine};
+use aphro_engine::serving::{MaxModelLen, ServingConfig, ServingEngine};
 use aphro_http::server::{router, AppState, Role, ServerSettings};
 use axum::body::Body;
 use axum::http::Request;
@@ -86,8 +86,8 @@ fn engine(tokens_only: bool) -> Arc<ServingEngine> {
     Arc::new(
         ServingEngine::new(ServingConfig {
             model: gguf(),
-            kv_cache_memory: 16 << 20,
-            max_model_len: Some(MAX_MODEL_LEN),
+            kv_cache_memory: Some(16 << 20),
+            max_model_len: MaxModelLen::Tokens(MAX_MODEL_LEN),
             max_num_seqs: 8,
             max_num_batched_tokens: 64,
             served_model_name: Some("smol".into()),

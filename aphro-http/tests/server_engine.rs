@@ -17,7 +17,14 @@ fn gguf() -> String {
 }
 
 fn engine_flags() -> Vec<&'static str> {
-    vec!["--kv-cache-memory", "16777216", "--max-num-seqs", "16"]
+    vec![
+        "--kv-cache-memory",
+        "16777216",
+        "--max-model-len",
+        "auto",
+        "--max-num-seqs",
+        "16",
+    ]
 }
 
 fn tokens_only() -> Server {

@@ -77,7 +77,16 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
             "max_num_batched_tokens" => cfg.max_num_batched_tokens = v.extract()?,
             "max_num_seqs" => cfg.max_num_seqs = v.extract()?,
             "enable_prefix_caching" => cfg.enable_prefix_caching = v.extract()?,
-            "max_model_len" => cfg.max_model_len = v.extract()?,
+            "max_model_len" => {
+                // An int, or vLLM's strings ("auto", "32k").
+                let text: String = match v.extract::<i64>() {
+                    Ok(n) => n.to_string(),
+                    Err(_) => v.extract()?,
+                };
+                cfg.max_model_len = text
+                    .parse()
+                    .map_err(pyo3::exceptions::PyValueError::new_err)?;
+            }
             "max_logprobs" => cfg.max_logprobs = v.extract()?,
             "seed" => cfg.seed = v.extract()?,
             "served_model_name" => cfg.served_model_name = v.extract()?,

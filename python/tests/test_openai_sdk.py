@@ -32,7 +32,7 @@ def client():
     port = _free_port()
     proc = subprocess.Popen(
         [binary, "serve", str(GGUF), "--port", str(port), "--served-model-name", MODEL,
-         "--kv-cache-memory", "33554432", "--max-num-seqs", "8"],
+         "--kv-cache-memory", "33554432", "--max-model-len", "auto", "--max-num-seqs", "8"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -76,6 +76,9 @@ pub struct ModelLoadConfig {
     pub dtype: ModelDType,
     /// Bytes for the paged K/V cache (all layers, K and V).
     pub cache_bytes: usize,
+    /// Grow the cache to hold at least this many tokens, capped at the model's context
+    /// (`usize::MAX`: one sequence of the model's full context); 0 = exactly `cache_bytes`.
+    pub min_cache_tokens: usize,
     /// Tokens per KV block.
     pub block_size: usize,
     /// Hide the weight-loading progress bar (it is also hidden when stderr is not a TTY).
@@ -90,6 +93,7 @@ impl Default for ModelLoadConfig {
             model_path: PathBuf::new(),
             dtype: ModelDType::Auto,
             cache_bytes: 256 << 20,
+            min_cache_tokens: 0,
             block_size: 16,
             quiet: false,
             device: Device::Auto,
@@ -217,13 +221,35 @@ pub fn load_runner_on<B: EngineOps>(
         WeightStorage::Dense16(dt) => dt,
         _ => burn::tensor::FloatDType::F32,
     };
-    LlamaRunner::with_kv_dtype(model, cfg.cache_bytes, cfg.block_size, kv)
+    let bytes = cache_bytes_for(cfg, &model.cfg, kv);
+    LlamaRunner::with_kv_dtype(model, bytes, cfg.block_size, kv)
+}
+
+/// `cfg.cache_bytes`, grown to hold `cfg.min_cache_tokens` tokens (at most the model's
+/// context; one more block of slack) of `model`'s K/V.
+fn cache_bytes_for(
+    cfg: &ModelLoadConfig,
+    model: &config::LlamaConfig,
+    kv: burn::tensor::FloatDType,
+) -> usize {
+    if cfg.min_cache_tokens == 0 {
+        return cfg.cache_bytes;
+    }
+    let per_token = runner::kv_bytes_per_token(model, kv);
+    let tokens = cfg.min_cache_tokens.min(model.max_position);
+    let blocks = tokens.div_ceil(cfg.block_size.max(1)) + 1;
+    cfg.cache_bytes.max(
+        blocks
+            .saturating_mul(cfg.block_size.max(1))
+            .saturating_mul(per_token),
+    )
 }
 
 /// [`load_runner`] with the concrete type (for tracing / benchmarks).
 pub fn load_flex_runner(cfg: &ModelLoadConfig) -> Result<LlamaRunner<Flex>, ModelError> {
     let model = load_model_with::<Flex>(&cfg.model_path, cfg.dtype, cfg.quiet, &FlexDevice)?;
-    LlamaRunner::new(model, cfg.cache_bytes, cfg.block_size)
+    let bytes = cache_bytes_for(cfg, &model.cfg, burn::tensor::FloatDType::F32);
+    LlamaRunner::new(model, bytes, cfg.block_size)
 }
 
 #[cfg(test)]
@@ -330,6 +356,7 @@ mod tests {
                 model_path: dir.path().to_path_buf(),
                 dtype: ModelDType::Float32,
                 cache_bytes: 1 << 20,
+                min_cache_tokens: 0,
                 block_size: 4,
                 quiet: true,
                 device: Device::Cpu,
@@ -479,6 +506,7 @@ mod tests {
                 model_path: path.clone(),
                 dtype,
                 cache_bytes: 1 << 20,
+                min_cache_tokens: 0,
                 block_size: 4,
                 quiet: true,
                 device: Device::Cpu,

@@ -19,6 +19,11 @@ pub struct LlamaRunner<B: EngineOps> {
     v_cache: Vec<Option<FloatTensor<B>>>,
 }
 
+/// Bytes one token's K and V take across all layers in a `kv_dtype` pool.
+pub fn kv_bytes_per_token(cfg: &super::config::LlamaConfig, kv_dtype: FloatDType) -> usize {
+    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * DType::from(kv_dtype).size()
+}
+
 impl<B: EngineOps> LlamaRunner<B> {
     /// Allocate `cache_bytes` worth of KV blocks of `block_size` tokens for `model`.
     pub fn new(model: Llama<B>, cache_bytes: usize, block_size: usize) -> Result<Self, ModelError> {
@@ -35,7 +40,7 @@ impl<B: EngineOps> LlamaRunner<B> {
     ) -> Result<Self, ModelError> {
         let cfg = &model.cfg;
         let kv_w = cfg.num_kv_heads * cfg.head_dim;
-        let kv_bytes_per_token = 2 * cfg.num_layers * kv_w * DType::from(kv_dtype).size();
+        let kv_bytes_per_token = kv_bytes_per_token(cfg, kv_dtype);
         if block_size == 0 {
             return Err(ModelError::Config("block_size must be > 0".into()));
         }

@@ -37,6 +37,7 @@ use crate::model::{load_runner, resolve_model_path, ModelDType, ModelLoadConfig}
 use crate::request::{
     EngineRequest, PositionLogprobs, SamplingConfig, ValidationError, MAX_N_SEQUENCES,
 };
+use crate::runner::ModelRunner;
 use text::{ChoiceDelta, ChoiceState, TextSpec};
 use wire::*;
 
@@ -48,15 +49,16 @@ pub struct ServingConfig {
     pub dtype: ModelDType,
     /// Where the model runs (`--device`).
     pub device: Device,
-    /// Bytes of the paged KV cache (`--kv-cache-memory`).
-    pub kv_cache_memory: usize,
+    /// Bytes of the paged KV cache (`--kv-cache-memory`); `None`: 256 MiB, or more when
+    /// one sequence of the served context needs more.
+    pub kv_cache_memory: Option<usize>,
     /// Tokens per KV block (`--block-size`).
     pub block_size: usize,
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
     pub enable_prefix_caching: bool,
-    /// `None` = the model's context, clamped to what the KV cache holds.
-    pub max_model_len: Option<usize>,
+    /// The context served (`--max-model-len`); the render role must be given the same.
+    pub max_model_len: MaxModelLen,
     /// `--max-logprobs` (-1 = vocabulary size).
     pub max_logprobs: i64,
     /// Seeds requests without their own `seed` (`--seed`); `None` = OS entropy.
@@ -75,6 +77,55 @@ pub struct ServingConfig {
     pub scheduling_policy: SchedulingPolicy,
     /// Request size limits (`n`, stop strings) shared with the renderer.
     pub limits: aphro_core::RequestLimits,
+}
+
+/// vLLM's `--max-model-len`: how long a sequence the server accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MaxModelLen {
+    /// The model's context; start-up fails when the KV cache cannot hold one sequence of it.
+    #[default]
+    Model,
+    /// `auto` / `-1`: the model's context, shortened (with a warning) to what the cache holds.
+    Auto,
+    /// A fixed length (at most the model's context and what the cache holds).
+    Tokens(usize),
+}
+
+impl std::str::FromStr for MaxModelLen {
+    type Err = String;
+    /// `auto`, `-1`, or a count with vLLM's suffixes: `1k` = 1000, `1K` = 1024, `25.6k`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("auto") || t == "-1" {
+            return Ok(MaxModelLen::Auto);
+        }
+        let bad = || {
+            format!(
+                "invalid max_model_len {s:?}: expected a token count (e.g. 4096, 32k, 32K) or auto"
+            )
+        };
+        let (num, mult) = match t.char_indices().last() {
+            Some((i, c)) if c.is_ascii_alphabetic() => {
+                let m: f64 = match c {
+                    'k' => 1e3,
+                    'm' => 1e6,
+                    'g' => 1e9,
+                    'K' => 1024.0,
+                    'M' => 1024.0 * 1024.0,
+                    'G' => 1024.0 * 1024.0 * 1024.0,
+                    _ => return Err(bad()),
+                };
+                (&t[..i], m)
+            }
+            _ => (t, 1.0),
+        };
+        let v: f64 = num.parse().map_err(|_| bad())?;
+        let n = (v * mult).round();
+        if !(n.is_finite() && n >= 1.0 && n <= usize::MAX as f64) {
+            return Err(bad());
+        }
+        Ok(MaxModelLen::Tokens(n as usize))
+    }
 }
 
 /// vLLM's `--scheduling-policy`.
@@ -108,12 +159,12 @@ impl Default for ServingConfig {
             model: String::new(),
             dtype: ModelDType::Auto,
             device: Device::Auto,
-            kv_cache_memory: 256 << 20,
+            kv_cache_memory: None,
             block_size: 16,
             max_num_batched_tokens: e.max_num_batched_tokens,
             max_num_seqs: e.max_num_seqs,
             enable_prefix_caching: e.enable_prefix_caching,
-            max_model_len: None,
+            max_model_len: MaxModelLen::Model,
             max_logprobs: e.max_logprobs,
             seed: None,
             served_model_name: None,
@@ -270,6 +321,47 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// `--kv-cache-memory` when not given (grown to one full-length sequence when needed).
+pub const DEFAULT_KV_CACHE_BYTES: usize = 256 << 20;
+
+/// The context the server accepts, from `--max-model-len` and what the runner's cache holds
+/// (vLLM's `_check_enough_kv_cache_memory` / auto-fit).
+fn served_len(cfg: &ServingConfig, runner: &dyn ModelRunner) -> Result<usize, ServingError> {
+    let info = runner.info();
+    let capacity = runner.num_blocks().saturating_mul(runner.block_size());
+    let gib =
+        |tokens: usize| tokens as f64 * info.kv_bytes_per_token as f64 / f64::from(1u32 << 30);
+    let wanted = match cfg.max_model_len {
+        MaxModelLen::Tokens(n) => n,
+        MaxModelLen::Model | MaxModelLen::Auto => info.max_position,
+    };
+    if wanted > info.max_position {
+        return Err(ServingError::Load(format!(
+            "max_model_len {wanted} is longer than the model's maximum context length {}",
+            info.max_position
+        )));
+    }
+    if wanted <= capacity {
+        return Ok(wanted);
+    }
+    if cfg.max_model_len == MaxModelLen::Auto {
+        tracing::warn!(
+            "max_model_len auto: reduced from {wanted} to {capacity} to fit the KV cache ({:.2} GiB)",
+            gib(capacity)
+        );
+        return Ok(capacity);
+    }
+    Err(ServingError::Load(format!(
+        "To serve at least one request with the model's max seq len ({wanted}), ({:.2} GiB KV \
+         cache is needed, which is larger than the available KV cache memory ({:.2} GiB). Based \
+         on the available memory, the estimated maximum model length is {capacity}. Try \
+         increasing --kv-cache-memory, decreasing --max-model-len, or passing --max-model-len \
+         auto to fit it to the cache.",
+        gib(wanted),
+        gib(capacity)
+    )))
+}
+
 impl ServingEngine {
     /// Load the model (and tokenizer) and start the engine thread.
     pub fn new(cfg: ServingConfig) -> Result<Self, ServingError> {
@@ -278,15 +370,24 @@ impl ServingEngine {
         }
         let model_path = resolve_model_path(Path::new(&cfg.model))
             .map_err(|e| ServingError::Load(e.to_string()))?;
+        // Without an explicit cache size, the cache holds at least one sequence of the
+        // served context, so the default never has to shorten it.
+        let min_cache_tokens = match (cfg.kv_cache_memory, cfg.max_model_len) {
+            (Some(_), _) | (None, MaxModelLen::Auto) => 0,
+            (None, MaxModelLen::Model) => usize::MAX,
+            (None, MaxModelLen::Tokens(n)) => n,
+        };
         let runner = load_runner(&ModelLoadConfig {
             model_path: model_path.clone(),
             dtype: cfg.dtype,
-            cache_bytes: cfg.kv_cache_memory,
+            cache_bytes: cfg.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_BYTES),
+            min_cache_tokens,
             block_size: cfg.block_size,
             quiet: false,
             device: cfg.device,
         })
         .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))?;
+        let max_model_len = served_len(&cfg, runner.as_ref())?;
         // The tokenizer side: required for text mode; a tokens-only server still reads
         // generation_config defaults when it can.
         let spec = model_path.to_string_lossy().into_owned();
@@ -307,7 +408,7 @@ impl ServingEngine {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 max_num_seqs: cfg.max_num_seqs,
                 enable_prefix_caching: cfg.enable_prefix_caching,
-                max_model_len: cfg.max_model_len,
+                max_model_len: Some(max_model_len),
                 max_logprobs: cfg.max_logprobs,
                 seed: cfg.seed,
             },

@@ -60,9 +60,10 @@ pub struct EngineArgs {
     /// Sequences per engine step.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
-    /// Bytes of paged KV cache.
-    #[arg(long, default_value_t = 256 << 20)]
-    pub kv_cache_memory: usize,
+    /// Bytes of paged KV cache (default: 256 MiB, or one sequence of the served context if
+    /// that needs more).
+    #[arg(long)]
+    pub kv_cache_memory: Option<usize>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -71,9 +72,11 @@ pub struct EngineArgs {
     pub enable_prefix_caching: bool,
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
-    /// Context length cap (default: the model's, clamped to what the KV cache holds).
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
+    /// Context length: a token count (`4096`, `32k` = 32000, `32K` = 32768), or `auto` / `-1`
+    /// to shorten the model's context to what the KV cache holds. Default: the model's
+    /// context; start-up fails if an explicit `--kv-cache-memory` cannot hold it.
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_model_len: Option<aphro_engine::serving::MaxModelLen>,
     /// Seed of requests that carry none.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -119,7 +122,7 @@ impl EngineArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
             enable_prefix_caching: self.prefix_caching(prefix_caching_default),
-            max_model_len: self.max_model_len,
+            max_model_len: self.max_model_len.unwrap_or_default(),
             seed: self.seed,
             scheduling_policy: self.scheduling_policy,
             ..ServingConfig::default()
