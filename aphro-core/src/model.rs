@@ -59,6 +59,29 @@ impl GenerationDefaults {
     }
 }
 
+/// vLLM's `--generation-config`: where the server-side sampling defaults come from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum GenerationConfig {
+    /// The model's `generation_config.json` (beside a `.gguf` file for GGUF models).
+    #[default]
+    Auto,
+    /// None: vLLM's neutral defaults.
+    Vllm,
+    /// `generation_config.json` in this directory.
+    Dir(PathBuf),
+}
+
+impl std::str::FromStr for GenerationConfig {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(match s {
+            "auto" => GenerationConfig::Auto,
+            "vllm" => GenerationConfig::Vllm,
+            dir => GenerationConfig::Dir(PathBuf::from(dir)),
+        })
+    }
+}
+
 /// Options for [`Model::load_with`].
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
@@ -271,6 +294,55 @@ pub fn resolve_hub(repo_id: &str, opts: &LoadOptions) -> Result<PathBuf> {
 
 impl Model {
     /// Loads `spec` (dir, `.gguf`, or hub id) with default options.
+    /// Replaces [`Model::generation_defaults`] as vLLM's `get_diff_sampling_param` does:
+    /// the `generation_config.json` that `source` names, with `overrides`
+    /// (`--override-generation-config`, HF key names such as `max_new_tokens`) on top.
+    pub fn apply_generation_config(
+        &mut self,
+        source: &GenerationConfig,
+        overrides: &Map<String, Value>,
+    ) -> Result<()> {
+        let file = match source {
+            GenerationConfig::Vllm => None,
+            GenerationConfig::Dir(d) => {
+                let p = d.join("generation_config.json");
+                if !p.is_file() {
+                    return Err(Error::ModelFiles(format!(
+                        "--generation-config {}: no generation_config.json there",
+                        d.display()
+                    )));
+                }
+                Some(p)
+            }
+            GenerationConfig::Auto => match &self.source {
+                ModelSource::Dir(d) | ModelSource::Hub { snapshot: d, .. } => {
+                    Some(d.join("generation_config.json"))
+                }
+                ModelSource::Gguf(f) => f.parent().map(|d| d.join("generation_config.json")),
+            },
+        };
+        let mut config = match file {
+            Some(p) => match read_json_opt(&p)? {
+                Some(Value::Object(m)) => m,
+                Some(_) => {
+                    return Err(Error::ModelFiles(format!(
+                        "{} is not a JSON object",
+                        p.display()
+                    )))
+                }
+                None => Map::new(),
+            },
+            None => Map::new(),
+        };
+        config.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let stop_token_ids = std::mem::take(&mut self.generation_defaults.stop_token_ids);
+        self.generation_defaults = GenerationDefaults {
+            stop_token_ids,
+            ..GenerationDefaults::from_json(&Value::Object(config))
+        };
+        Ok(())
+    }
+
     pub fn load(spec: &str) -> Result<Self> {
         Self::load_with(spec, &LoadOptions::default())
     }

@@ -694,3 +694,65 @@ fn serve_flags_scale_out_token_id_logprobs_and_skip_tokenizer_init() {
         assert!(body.contains("skip_tokenizer_init=True"), "{path}: {body}");
     }
 }
+
+/// `--generation-config` / `--override-generation-config` for a GGUF model: the sampling
+/// defaults come from a `generation_config.json` beside the file, from none (`vllm`), and
+/// with the override's keys on top, on every route that fills in defaults.
+#[test]
+fn generation_config_flags_for_a_gguf_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let linked = dir.path().join("smol.gguf");
+    std::os::unix::fs::symlink(gguf(), &linked).expect("symlink");
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        r#"{"max_new_tokens": 3, "temperature": 0.0}"#,
+    )
+    .expect("generation_config.json");
+    let model = linked.to_string_lossy().into_owned();
+    let completion_tokens = |extra: &[&str]| {
+        let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+        args.extend(engine_flags());
+        args.extend_from_slice(extra);
+        let s = Server::start(&args);
+        // Chat: its max_tokens defaults to None, so the generation config's applies (a
+        // completion's defaults to 16, as in vLLM).
+        let (status, body) = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Count to ten."}],
+                    "ignore_eos": true}),
+            &[],
+        );
+        assert_eq!(status, 200, "{body}");
+        let v = json(&body);
+        v["usage"]["completion_tokens"].as_u64().expect("usage")
+    };
+    assert_eq!(
+        completion_tokens(&[]),
+        3,
+        "generation_config.json beside the GGUF"
+    );
+    assert_eq!(
+        completion_tokens(&["--override-generation-config", r#"{"max_new_tokens": 5}"#]),
+        5
+    );
+    assert_eq!(
+        completion_tokens(&[
+            "--generation-config",
+            "vllm",
+            "--override-generation-config",
+            r#"{"max_new_tokens": 4}"#,
+        ]),
+        4
+    );
+    let other = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        other.path().join("generation_config.json"),
+        r#"{"max_new_tokens": 2}"#,
+    )
+    .expect("generation_config.json");
+    let other_dir = other.path().to_string_lossy().into_owned();
+    assert_eq!(
+        completion_tokens(&["--generation-config", other_dir.as_str()]),
+        2
+    );
+}

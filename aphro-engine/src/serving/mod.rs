@@ -77,6 +77,10 @@ pub struct ServingConfig {
     pub scheduling_policy: SchedulingPolicy,
     /// Request size limits (`n`, stop strings) shared with the renderer.
     pub limits: aphro_core::RequestLimits,
+    /// `--generation-config`: where the sampling defaults come from.
+    pub generation_config: aphro_core::model::GenerationConfig,
+    /// `--override-generation-config`: keys laid over those defaults.
+    pub override_generation_config: Map<String, Value>,
 }
 
 /// vLLM's `--max-model-len`: how long a sequence the server accepts.
@@ -173,6 +177,8 @@ impl Default for ServingConfig {
             return_tokens_as_token_ids: false,
             scheduling_policy: SchedulingPolicy::Fcfs,
             limits: aphro_core::RequestLimits::default(),
+            generation_config: aphro_core::model::GenerationConfig::Auto,
+            override_generation_config: Map::new(),
         }
     }
 }
@@ -392,7 +398,11 @@ impl ServingEngine {
         // generation_config defaults when it can.
         let spec = model_path.to_string_lossy().into_owned();
         let core_model = match Model::load(&spec) {
-            Ok(m) => Some(m),
+            Ok(mut m) => {
+                m.apply_generation_config(&cfg.generation_config, &cfg.override_generation_config)
+                    .map_err(|e| ServingError::Load(e.to_string()))?;
+                Some(m)
+            }
             Err(e) if !cfg.tokens_only && !cfg.skip_tokenizer_init => {
                 return Err(ServingError::Load(format!(
                     "loading the tokenizer of {}: {e}",

@@ -4,8 +4,6 @@ use super::server_args::{
     build_derenderer, build_renderer, resolve_model_arg, served_names, FrontendArgs, ServerArgs,
 };
 use crate::server::{self, AppState, Role, ServerSettings};
-use anyhow::Context;
-use aphro_core::Model;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -49,8 +47,7 @@ fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
 /// Loads tokenizer, renderer and derenderer into the state [`server::router`] serves.
 pub fn build_render_state(args: RenderArgs) -> anyhow::Result<AppState> {
     let model_arg = resolve_model_arg(args.model.as_deref())?;
-    let model =
-        Arc::new(Model::load(&model_arg).with_context(|| format!("loading model `{model_arg}`"))?);
+    let model = Arc::new(args.frontend.load_model(&model_arg)?);
     let served = served_names(
         &args.server,
         args.model

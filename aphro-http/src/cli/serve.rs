@@ -7,7 +7,6 @@ use super::server_args::{
 };
 use crate::server::{self, AppState, Role, ServerSettings};
 use anyhow::Context;
-use aphro_core::Model;
 use aphro_engine::serving::ServingEngine;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -64,6 +63,12 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
     cfg.tokens_only = args.tokens_only;
     cfg.skip_tokenizer_init = args.skip_tokenizer_init;
     cfg.return_tokens_as_token_ids = args.frontend.return_tokens_as_token_ids;
+    cfg.generation_config = args.frontend.generation_config.clone();
+    cfg.override_generation_config = args
+        .frontend
+        .override_generation_config
+        .clone()
+        .unwrap_or_default();
     cfg.served_model_name = served.first().cloned();
     cfg.limits = args.server.limits.request_limits();
     let model_path = cfg.model.clone();
@@ -87,10 +92,7 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
     };
     let mut state = AppState::new(settings).with_engine(engine);
     if !args.tokens_only && !args.skip_tokenizer_init {
-        let model = Arc::new(
-            Model::load(&model_path)
-                .with_context(|| format!("loading tokenizer of `{model_path}`"))?,
-        );
+        let model = Arc::new(args.frontend.load_model(&model_path)?);
         let renderer = build_renderer(
             model.clone(),
             &args.frontend,

@@ -126,6 +126,36 @@ pub struct FrontendArgs {
     /// `return_tokens_as_token_ids` themselves).
     #[arg(long)]
     pub return_tokens_as_token_ids: bool,
+    /// Where the sampling defaults come from: `auto` (the model's generation_config.json,
+    /// beside a .gguf file for GGUF models), `vllm` (none), or a directory holding one.
+    #[arg(long, default_value = "auto")]
+    pub generation_config: aphro_core::model::GenerationConfig,
+    /// JSON object laid over those defaults, with HF key names, e.g.
+    /// `{"temperature": 0.5, "max_new_tokens": 256}`.
+    #[arg(long, value_parser = parse_json_object)]
+    pub override_generation_config: Option<Map<String, Value>>,
+}
+
+fn parse_json_object(s: &str) -> Result<Map<String, Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err("expected a JSON object".into()),
+        Err(e) => Err(format!("invalid JSON: {e}")),
+    }
+}
+
+impl FrontendArgs {
+    /// Loads `spec`'s tokenizer side with the sampling defaults these flags choose.
+    pub fn load_model(&self, spec: &str) -> anyhow::Result<Model> {
+        let mut m = Model::load(spec).with_context(|| format!("loading tokenizer of `{spec}`"))?;
+        m.apply_generation_config(
+            &self.generation_config,
+            self.override_generation_config
+                .as_ref()
+                .unwrap_or(&Map::new()),
+        )?;
+        Ok(m)
+    }
 }
 
 /// The model to serve: the argument, or the embedded default.
