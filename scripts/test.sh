@@ -6,6 +6,11 @@ export APHRO_ASSETS="${APHRO_ASSETS:-$PWD/.assets}"
 python3 scripts/fetch_assets.py --dest "$APHRO_ASSETS"
 cargo test --workspace --locked
 
+# The README's quick start as a new user meets it: an empty model cache, no test assets, the
+# default model downloaded by aphro itself, then the README's curl (the binary `cargo test`
+# just built stands in for `cargo run --release`, which would be a second full build).
+APHRO_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/aphro" ./scripts/first_run.sh
+
 # Hostile traffic against the binary `cargo test` just built (CI size; see scripts/stress.sh).
 APHRO_STRESS_PROFILE=debug ./scripts/stress.sh --quick "$APHRO_ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 

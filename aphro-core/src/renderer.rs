@@ -256,7 +256,17 @@ impl Renderer {
         if self.options.strict_template_kwargs {
             prompter.check_kwargs_are_read(req)?;
         }
-        prompter.render(req)
+        let defaults = &self.options.default_chat_template_kwargs;
+        if defaults.is_empty() {
+            return prompter.render(req);
+        }
+        // `--default-chat-template-kwargs` reach the template under the request's own (vLLM
+        // merges them before rendering); only the request's keys are held to strictness.
+        let mut merged = req.clone();
+        let mut kwargs = defaults.clone();
+        kwargs.extend(req.chat_template_kwargs.clone().unwrap_or_default());
+        merged.chat_template_kwargs = Some(kwargs);
+        prompter.render(&merged)
     }
 
     /// `POST /v1/chat/completions/render` with the body's `request_id`.
