@@ -573,7 +573,10 @@ pub async fn generate_derender(
     };
     let prompt_ids = req.token_ids.clone();
     let resp = engine.generate(req, header_id)?.collect_response().await?;
-    let generated: GenerateResponse = to_core(serde_json::to_value(&resp).map_err(internal)?)?;
+    let mut generated: GenerateResponse = to_core(serde_json::to_value(&resp).map_err(internal)?)?;
+    // The engine tags its response with the requested mode; what the derenderer reads here
+    // is its token output, which it accepts only as `tokens` mode (it refuses any other).
+    generated.output_mode = Some("tokens".into());
     let out = tokio::task::spawn_blocking(move || {
         derenderer.derender_chat(DerenderChatRequest {
             stream: false,
