@@ -87,7 +87,7 @@ impl DetokenizeOptions {
 /// is still held back. In vLLM's `DerenderStreamState` terms the window starts
 /// at `prefix_offset` and `read_offset` is relative to it. The window holds at
 /// most a few dozen ids regardless of how long the generation is.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizerState {
     pub ids: Vec<u32>,
     pub read_offset: usize,

@@ -2,6 +2,7 @@
 use super::{StopSpec, StreamOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 fn default_true() -> bool {
     true
@@ -14,7 +15,7 @@ fn default_length_penalty() -> f64 {
 }
 
 /// The OpenAI chat-completions request with vLLM's extras. Unknown keys land in `extra`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
     pub messages: Vec<ChatMessage>,
     #[serde(default)]
@@ -23,7 +24,9 @@ pub struct ChatCompletionRequest {
     pub frequency_penalty: Option<f64>,
     #[serde(default)]
     pub presence_penalty: Option<f64>,
+    /// Token id (as a string) → bias, clamped to [-100, 100].
     #[serde(default)]
+    #[schema(value_type = Option<HashMap<String, f64>>)]
     pub logit_bias: Option<Map<String, Value>>,
     #[serde(default)]
     pub logprobs: bool,
@@ -35,7 +38,9 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<i64>,
     #[serde(default = "default_one")]
     pub n: i64,
+    /// `{"type": "text"}`; other types (`json_object`, `json_schema`, …) are refused.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub response_format: Option<Value>,
     #[serde(default)]
     pub seed: Option<i64>,
@@ -52,6 +57,7 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub tools: Option<Vec<ChatTool>>,
     #[serde(default)]
+    #[schema(schema_with = super::schema::tool_choice)]
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub reasoning_effort: Option<String>,
@@ -112,10 +118,13 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub mm_processor_kwargs: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub media_io_kwargs: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub structured_outputs: Option<Value>,
     #[serde(default)]
     pub priority: i64,
@@ -130,12 +139,15 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub cache_salt: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub kv_transfer_params: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub ec_transfer_params: Option<Value>,
     #[serde(default)]
     pub vllm_xargs: Option<Map<String, Value>>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub repetition_detection: Option<Value>,
     #[serde(default)]
     pub stream_interval: Option<i64>,
@@ -148,7 +160,7 @@ pub struct ChatCompletionRequest {
 }
 
 /// One message of `messages`. Roles are free strings (system/developer/user/assistant/tool/…).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
@@ -171,7 +183,7 @@ pub struct ChatMessage {
 }
 
 /// `content`: a string or a list of typed parts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
@@ -179,7 +191,7 @@ pub enum MessageContent {
 }
 
 /// One content part: `{"type":"text","text":…}`, `{"type":"image_url",…}`, …
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type", default)]
     pub kind: Option<String>,
@@ -191,7 +203,7 @@ pub struct ContentPart {
 
 /// An assistant tool call in the history. `arguments` is normally a JSON string, but an object
 /// is accepted too.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCallParam {
     #[serde(default)]
     pub id: Option<String>,
@@ -200,15 +212,16 @@ pub struct ToolCallParam {
     pub function: FunctionCallParam,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FunctionCallParam {
     pub name: String,
     #[serde(default)]
+    #[schema(schema_with = super::schema::arguments)]
     pub arguments: Value,
 }
 
 /// An entry of `tools`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatTool {
     #[serde(rename = "type", default = "function_str")]
     pub kind: String,
@@ -219,20 +232,22 @@ fn function_str() -> String {
     "function".to_owned()
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FunctionDefinition {
     pub name: String,
     /// Serialized as `null` when absent: templates and `parse_context` see `"description": null`.
     #[serde(default)]
     pub description: Option<String>,
+    /// A JSON Schema object.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub parameters: Option<Value>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
 
 /// `ToolCall` in responses (§2.5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCall {
     pub id: String,
     #[serde(rename = "type")]
@@ -240,7 +255,7 @@ pub struct ToolCall {
     pub function: FunctionCall,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FunctionCall {
     pub name: String,
     pub arguments: String,

@@ -2,6 +2,8 @@
 use super::{StopSpec, StreamOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 fn default_true() -> bool {
     true
@@ -23,6 +25,24 @@ pub enum PromptInput {
     TokenBatches(Vec<Vec<i64>>),
 }
 
+/// An `anyOf`, not the `oneOf` a derive gives: `[]` is a valid value of every list form.
+impl PartialSchema for PromptInput {
+    fn schema() -> RefOr<Schema> {
+        super::schema::any_of(
+            [
+                String::schema(),
+                Vec::<String>::schema(),
+                Vec::<i64>::schema(),
+                Vec::<Vec<i64>>::schema(),
+            ],
+            "A prompt, a list of prompts, one prompt's token ids, or a list of token-id lists.",
+        )
+        .into()
+    }
+}
+
+impl ToSchema for PromptInput {}
+
 /// One prompt after splitting a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SinglePrompt {
@@ -41,19 +61,22 @@ impl PromptInput {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CompletionRequest {
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
     pub prompt: Option<PromptInput>,
     #[serde(default)]
+    #[schema(schema_with = super::schema::prompt_embeds)]
     pub prompt_embeds: Option<Value>,
     #[serde(default)]
     pub echo: bool,
     #[serde(default)]
     pub frequency_penalty: Option<f64>,
+    /// Token id (as a string) → bias, clamped to [-100, 100].
     #[serde(default)]
+    #[schema(value_type = Option<HashMap<String, f64>>)]
     pub logit_bias: Option<Map<String, Value>>,
     #[serde(default)]
     pub logprobs: Option<i64>,
@@ -113,8 +136,10 @@ pub struct CompletionRequest {
     #[serde(default = "default_true")]
     pub add_special_tokens: bool,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub response_format: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub structured_outputs: Option<Value>,
     #[serde(default)]
     pub priority: i64,
@@ -127,8 +152,10 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub cache_salt: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub kv_transfer_params: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub ec_transfer_params: Option<Value>,
     #[serde(default)]
     pub vllm_xargs: Option<Map<String, Value>>,

@@ -48,7 +48,8 @@
 //! * A state without `aphro` but with vLLM's `output_token_ids` (e.g. produced by a vLLM
 //!   server) is accepted: the ids are decoded once to rebuild the same state.
 use super::response::{
-    ChatCompletionChunk, CompletionChunk, GenerateResponse, GenerateStreamResponse,
+    ChatCompletionChunk, ChatCompletionResponse, CompletionChunk, CompletionResponse,
+    GenerateResponse, GenerateStreamResponse,
 };
 use super::{ChatCompletionRequest, CompletionRequest};
 use crate::detokenizer::DetokenizerState;
@@ -56,11 +57,14 @@ use crate::error::{Error, Result};
 use aphro_parsers::ParserSnapshot;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 /// `POST /v1/chat/completions/derender`, non-streaming (§6.1).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DerenderChatRequest {
     #[serde(default)]
+    #[schema(schema_with = super::schema::stream_false)]
     pub stream: bool,
     #[serde(default)]
     pub model: Option<String>,
@@ -74,8 +78,9 @@ pub struct DerenderChatRequest {
 }
 
 /// `POST /v1/chat/completions/derender`, streaming: one call per generate event (§6.2).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DerenderChatStreamRequest {
+    #[schema(schema_with = super::schema::stream_true)]
     pub stream: bool,
     #[serde(default)]
     pub model: Option<String>,
@@ -91,16 +96,17 @@ pub struct DerenderChatStreamRequest {
 }
 
 /// Streaming chat derender response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DerenderChatStreamResponse {
     pub chunk: ChatCompletionChunk,
     pub stream_state: DerenderStreamState,
 }
 
 /// `POST /v1/completions/derender`, non-streaming (§7).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DerenderCompletionRequest {
     #[serde(default)]
+    #[schema(schema_with = super::schema::stream_false)]
     pub stream: bool,
     #[serde(default)]
     pub model: Option<String>,
@@ -114,8 +120,9 @@ pub struct DerenderCompletionRequest {
 }
 
 /// `POST /v1/completions/derender`, streaming (§7).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DerenderCompletionStreamRequest {
+    #[schema(schema_with = super::schema::stream_true)]
     pub stream: bool,
     #[serde(default)]
     pub model: Option<String>,
@@ -131,14 +138,14 @@ pub struct DerenderCompletionStreamRequest {
 }
 
 /// Streaming completion derender response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DerenderCompletionStreamResponse {
     pub chunk: CompletionChunk,
     pub stream_state: DerenderStreamState,
 }
 
 /// The client-carried state of the stateless streaming form; see the module docs.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DerenderStreamState {
     #[serde(default)]
     pub prev_tokens: Vec<String>,
@@ -165,7 +172,7 @@ pub struct DerenderStreamState {
 }
 
 /// aphro's compact resumable state (module docs).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct AphroStreamState {
     #[serde(default = "current_version")]
     pub v: u32,
@@ -176,8 +183,9 @@ pub struct AphroStreamState {
     #[serde(default)]
     pub finished: bool,
     pub detokenizer: DetokenizerState,
-    /// The parser's resumable state (absent without a parser).
+    /// The parser's resumable state (absent without a parser); opaque, echo it unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub parser: Option<ParserSnapshot>,
     /// Names this stream's live state on the server that issued it; with `seq` it lets that
     /// server resume without even decoding `parser`.
@@ -208,6 +216,63 @@ pub enum DerenderChatBody {
 pub enum DerenderCompletionBody {
     Full(Box<DerenderCompletionRequest>),
     Stream(Box<DerenderCompletionStreamRequest>),
+}
+
+/// The body `parse_derender_*_body` reads: one of two forms, told apart by `stream`.
+macro_rules! body_schema {
+    ($body:ty, $full:ty, $stream:ty, $what:literal) => {
+        impl PartialSchema for $body {
+            fn schema() -> RefOr<Schema> {
+                super::schema::one_of(
+                    [
+                        super::schema::reference::<$full>(),
+                        super::schema::reference::<$stream>(),
+                    ],
+                    $what,
+                )
+                .into()
+            }
+        }
+
+        impl ToSchema for $body {
+            fn schemas(out: &mut Vec<(String, RefOr<Schema>)>) {
+                super::schema::collect::<$full>(out);
+                super::schema::collect::<$stream>(out);
+            }
+        }
+    };
+}
+
+body_schema!(
+    DerenderChatBody,
+    DerenderChatRequest,
+    DerenderChatStreamRequest,
+    "The whole generate response (`stream` false or absent), or one generate stream event \
+     with the state the previous call returned (`stream: true`)."
+);
+body_schema!(
+    DerenderCompletionBody,
+    DerenderCompletionRequest,
+    DerenderCompletionStreamRequest,
+    "The generate responses of every prompt (`stream` false or absent), or one generate \
+     stream event with the state the previous call returned (`stream: true`)."
+);
+
+/// What the chat derender route answers: the chat response, or one chunk and the state
+/// for the next call.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum DerenderChatOutput {
+    Full(Box<ChatCompletionResponse>),
+    Stream(Box<DerenderChatStreamResponse>),
+}
+
+/// What the completion derender route answers (see [`DerenderChatOutput`]).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum DerenderCompletionOutput {
+    Full(Box<CompletionResponse>),
+    Stream(Box<DerenderCompletionStreamResponse>),
 }
 
 fn is_stream(body: &Value) -> Result<bool> {

@@ -2,13 +2,16 @@
 use super::SamplingParams;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 /// `stream_options` (§2.2). Serialized with both keys (render echoes them that way).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct StreamOptions {
     #[serde(default, deserialize_with = "de_null_false")]
+    #[schema(value_type = Option<bool>)]
     pub include_usage: bool,
     #[serde(default, deserialize_with = "de_null_false")]
+    #[schema(value_type = Option<bool>)]
     pub continuous_usage_stats: bool,
 }
 
@@ -18,11 +21,14 @@ fn de_null_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Erro
 
 /// What derender needs to parse the model output of a chat request (§3). Unknown keys are
 /// kept (a newer render server may add some; generate decides what to do with them).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ParseContext {
+    /// The request's tools, normalized (`{"type": "function", "function": {…}}`).
     #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
     #[serde(default)]
+    #[schema(schema_with = super::schema::tool_choice)]
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
@@ -46,7 +52,7 @@ fn default_output_mode() -> String {
 
 /// The token-in request of the generate endpoint; also the render endpoints' output.
 /// All fields serialize, nulls included (§3).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct GenerateRequest {
     #[serde(default = "super::random_request_id")]
     pub request_id: String,
@@ -55,6 +61,7 @@ pub struct GenerateRequest {
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default = "default_output_mode")]
+    #[schema(schema_with = super::schema::output_mode)]
     pub output_mode: String,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -67,19 +74,25 @@ pub struct GenerateRequest {
     #[serde(default)]
     pub priority: i64,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub kv_transfer_params: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub ec_transfer_params: Option<Value>,
     #[serde(default)]
     pub reasoning_ended: Option<bool>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub reasoning_parser_kwargs: Option<Value>,
     #[serde(default)]
     pub parse_context: Option<ParseContext>,
     #[serde(default)]
+    #[schema(schema_with = super::schema::token_offsets)]
     pub token_offsets: Option<Vec<(usize, usize)>>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub features: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub content_parts: Option<Vec<Value>>,
 }

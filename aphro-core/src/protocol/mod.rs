@@ -6,12 +6,16 @@
 //! [`sampling`] (`SamplingParams` with vLLM's validation and "omit defaults" dump),
 //! [`generate`] (`GenerateRequest`, `ParseContext`, `StreamOptions`), [`tokenize`] (§9),
 //! [`response`] (generate / chat / completion responses, §4.2, §8), [`derender`] (§6, §7).
+//!
+//! Every type derives [`utoipa::ToSchema`] beside its serde impls, so the servers' OpenAPI
+//! documents describe exactly these shapes; [`schema`] holds the few schemas written by hand.
 pub mod chat;
 pub mod completion;
 pub mod derender;
 pub mod generate;
 pub mod response;
 pub mod sampling;
+pub mod schema;
 pub mod tokenize;
 
 pub use chat::*;
@@ -23,9 +27,10 @@ pub use sampling::*;
 pub use tokenize::*;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `stop`: a single string or a list of strings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum StopSpec {
     One(String),

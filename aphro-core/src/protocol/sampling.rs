@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 /// `output_kind` values.
 pub const OUTPUT_KIND_CUMULATIVE: u8 = 0;
@@ -10,8 +11,9 @@ pub const OUTPUT_KIND_DELTA: u8 = 1;
 pub const OUTPUT_KIND_FINAL_ONLY: u8 = 2;
 
 /// Sampling parameters after vLLM's `__post_init__`. Keys starting with `_` and unknown keys
-/// are ignored on input.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// are ignored on input. Every key is optional; the render routes write the keys vLLM's
+/// msgspec dump writes (defaults omitted, see [`SamplingParams::to_json`]).
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct SamplingParams {
     pub n: i64,
@@ -24,16 +26,21 @@ pub struct SamplingParams {
     pub min_p: f64,
     pub seed: Option<i64>,
     #[serde(deserialize_with = "de_stop")]
+    #[schema(value_type = Option<super::StopSpec>)]
     pub stop: Vec<String>,
     #[serde(deserialize_with = "de_null_vec")]
+    #[schema(value_type = Option<Vec<i64>>)]
     pub stop_token_ids: Vec<i64>,
     pub ignore_eos: bool,
     /// `None` = the key was absent: a generate server recomputes it (§10).
+    #[schema(schema_with = super::schema::max_tokens)]
     pub max_tokens: Option<i64>,
     pub min_tokens: i64,
     #[serde(deserialize_with = "de_logprobs")]
+    #[schema(schema_with = super::schema::int_or_bool)]
     pub logprobs: Option<i64>,
     #[serde(deserialize_with = "de_logprobs")]
+    #[schema(schema_with = super::schema::int_or_bool)]
     pub prompt_logprobs: Option<i64>,
     pub logprob_token_ids: Option<Vec<i64>>,
     pub prompt_logprob_token_ids: Option<Vec<Vec<i64>>>,
@@ -47,14 +54,18 @@ pub struct SamplingParams {
     pub skip_clone: bool,
     pub output_text_buffer_length: i64,
     pub stream_interval: Option<i64>,
+    #[schema(value_type = Option<Object>)]
     pub structured_outputs: Option<Value>,
+    #[schema(value_type = Option<HashMap<String, f64>>)]
     pub logit_bias: Option<Map<String, Value>>,
     pub allowed_token_ids: Option<Vec<i64>>,
     pub extra_args: Option<Map<String, Value>>,
     #[serde(deserialize_with = "de_null_vec")]
+    #[schema(value_type = Option<Vec<String>>)]
     pub bad_words: Vec<String>,
     pub skip_reading_prefix_cache: Option<bool>,
     pub thinking_token_budget: Option<i64>,
+    #[schema(value_type = Option<Object>)]
     pub repetition_detection: Option<Value>,
     pub watermarking: Option<bool>,
     pub routed_experts_prompt_start: i64,

@@ -2,6 +2,8 @@
 use super::{ChatMessage, ChatTool};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 fn default_true() -> bool {
     true
@@ -15,7 +17,28 @@ pub enum TokenizeRequest {
     Completion(TokenizeCompletionRequest),
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// An `anyOf`: a body with both `messages` and `prompt` is read as a chat.
+impl PartialSchema for TokenizeRequest {
+    fn schema() -> RefOr<Schema> {
+        super::schema::any_of(
+            [
+                super::schema::reference::<TokenizeChatRequest>(),
+                super::schema::reference::<TokenizeCompletionRequest>(),
+            ],
+            "`{messages, …}` (the chat template is applied) or `{prompt, …}`.",
+        )
+        .into()
+    }
+}
+
+impl ToSchema for TokenizeRequest {
+    fn schemas(out: &mut Vec<(String, RefOr<Schema>)>) {
+        super::schema::collect::<TokenizeChatRequest>(out);
+        super::schema::collect::<TokenizeCompletionRequest>(out);
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TokenizeCompletionRequest {
     #[serde(default)]
     pub model: Option<String>,
@@ -26,7 +49,7 @@ pub struct TokenizeCompletionRequest {
     pub return_token_strs: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TokenizeChatRequest {
     #[serde(default)]
     pub model: Option<String>,
@@ -46,12 +69,14 @@ pub struct TokenizeChatRequest {
     #[serde(default)]
     pub tools: Option<Vec<ChatTool>>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub mm_processor_kwargs: Option<Value>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub media_io_kwargs: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TokenizeResponse {
     pub count: usize,
     pub max_model_len: usize,
@@ -60,14 +85,14 @@ pub struct TokenizeResponse {
     pub token_strs: Option<Vec<String>>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DetokenizeRequest {
     #[serde(default)]
     pub model: Option<String>,
     pub tokens: Vec<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct DetokenizeResponse {
     pub prompt: String,
 }

@@ -5,7 +5,9 @@ use crate::metrics::TEXT_CONTENT_TYPE;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use serde_json::json;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -70,24 +72,72 @@ async fn version() -> Response {
 
 /// The served model names (OpenAI model list with vLLM's extra fields).
 #[utoipa::path(get, path = "/v1/models", tag = "utility", responses(
-    (status = 200, description = "`{\"object\": \"list\", \"data\": [model cards]}`.", body = Object),
+    (status = 200, description = "The served model names.", body = ModelList),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
 ))]
 async fn models(State(state): State<AppState>) -> Response {
-    let data: Vec<_> = state
+    let data = state
         .settings
         .served_model_names
         .iter()
         .map(|name| model_card(&state, name))
         .collect();
-    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+    let list = ModelList {
+        object: "list",
+        data,
+    };
+    match serde_json::to_value(&list) {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => crate::error::ApiError::internal(e.to_string()).into_response(),
+    }
+}
+
+/// `GET /v1/models` (vLLM's `ModelList`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+/// One served model name (vLLM's `ModelCard`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    #[schema(required)]
+    pub root: Option<String>,
+    #[schema(required)]
+    pub parent: Option<String>,
+    #[schema(required)]
+    pub max_model_len: Option<usize>,
+    pub permission: Vec<ModelPermission>,
+}
+
+/// vLLM's `ModelPermission`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelPermission {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub allow_create_engine: bool,
+    pub allow_sampling: bool,
+    pub allow_logprobs: bool,
+    pub allow_search_indices: bool,
+    pub allow_view: bool,
+    pub allow_fine_tuning: bool,
+    pub organization: &'static str,
+    #[schema(required)]
+    pub group: Option<String>,
+    pub is_blocking: bool,
 }
 
 /// One served model's card (the OpenAI `GET /v1/models/{model}`); 404 for a name not served.
 #[utoipa::path(get, path = "/v1/models/{model}", tag = "utility",
     params(("model" = String, Path, description = "A served model name.")),
     responses(
-    (status = 200, description = "The model card, as one entry of `/v1/models`.", body = Object),
+    (status = 200, description = "The model card, as one entry of `/v1/models`.", body = ModelCard),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown model.", body = super::openapi::ErrorResponse),
 ))]
@@ -96,35 +146,37 @@ async fn model(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Response, crate::error::ApiError> {
     let name = state.resolve_model(Some(&name))?;
-    Ok(json_response(StatusCode::OK, &model_card(&state, &name)))
+    let card = serde_json::to_value(model_card(&state, &name))
+        .map_err(|e| crate::error::ApiError::internal(e.to_string()))?;
+    Ok(json_response(StatusCode::OK, &card))
 }
 
 /// A model card with vLLM's extra fields (`root`, `max_model_len`, `permission`).
-fn model_card(state: &AppState, name: &str) -> serde_json::Value {
+fn model_card(state: &AppState, name: &str) -> ModelCard {
     let s = &state.settings;
-    json!({
-        "id": name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "vllm",
-        "root": s.model_root,
-        "parent": null,
-        "max_model_len": s.max_model_len,
-        "permission": [{
-            "id": format!("modelperm-{}", name),
-            "object": "model_permission",
-            "created": state.created,
-            "allow_create_engine": false,
-            "allow_sampling": true,
-            "allow_logprobs": true,
-            "allow_search_indices": false,
-            "allow_view": true,
-            "allow_fine_tuning": false,
-            "organization": "*",
-            "group": null,
-            "is_blocking": false
-        }]
-    })
+    ModelCard {
+        id: name.to_owned(),
+        object: "model",
+        created: state.created,
+        owned_by: "vllm",
+        root: Some(s.model_root.clone()),
+        parent: None,
+        max_model_len: Some(s.max_model_len),
+        permission: vec![ModelPermission {
+            id: format!("modelperm-{name}"),
+            object: "model_permission",
+            created: state.created,
+            allow_create_engine: false,
+            allow_sampling: true,
+            allow_logprobs: true,
+            allow_search_indices: false,
+            allow_view: true,
+            allow_fine_tuning: false,
+            organization: "*",
+            group: None,
+            is_blocking: false,
+        }],
+    }
 }
 
 /// Prometheus text exposition under vLLM's metric names.

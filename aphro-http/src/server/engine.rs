@@ -10,6 +10,7 @@ use super::AppState;
 use crate::error::{json_response, ApiError};
 use crate::extract::{is_json_content_type, LimitedBytes};
 use crate::sse::sse_response;
+use aphro_engine::serving::wire::{GenerateResponse, GenerateStreamEvent};
 use aphro_engine::serving::{GenerateBody, ServingEngine, ServingError};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -17,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::Value;
 use std::sync::Arc;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -75,9 +77,17 @@ fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<GenerateBody, ApiError>
 
 /// Token ids in, token ids (or text, or a derendered message) out; SSE when `stream`.
 #[utoipa::path(post, path = "/inference/v1/generate", tag = "generate",
-    request_body(content = Object, description = "A `GenerateRequest` (as `/v1/chat/completions/render` returns it)."),
+    request_body(content = aphro_core::protocol::GenerateRequest, description = "A `GenerateRequest` (as `/v1/chat/completions/render` returns it)."),
     responses(
-    (status = 200, description = "A `GenerateResponse`, or with `stream: true` an SSE stream of `GenerateStreamResponse` events ending in `data: [DONE]`.", body = Object),
+    (status = 200, description = "A `GenerateResponse` (with `output_mode: \"derender\"`, integrated \
+        server only, the derendered chat response); with `stream: true` an SSE stream whose `data:` \
+        events are `GenerateStreamEvent`s (per-choice chunks, then the usage-only event with \
+        `include_usage`), ending in `data: [DONE]` (an in-stream error is one more event with the \
+        `ErrorResponse` envelope).",
+        content(
+            (GenerateOutput = "application/json"),
+            (GenerateStreamEvent = "text/event-stream"),
+        )),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -115,13 +125,29 @@ async fn generate(
     Ok(json_response(StatusCode::OK, &v))
 }
 
+/// The JSON body of a non-streaming generate: the engine's response, or (`output_mode:
+/// "derender"` on the integrated server) the derendered chat response.
+#[derive(Debug, serde::Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum GenerateOutput {
+    Generate(Box<GenerateResponse>),
+    Derender(Box<super::openai::GenerateDerenderResponse>),
+}
+
+/// The body of both abort routes.
+#[derive(Debug, ToSchema)]
+pub struct AbortRequest {
+    /// `generate-tokens-…` ids as the generate route returned them.
+    pub request_ids: Vec<String>,
+}
+
 fn stream_requested(v: &Value) -> bool {
     v.get("stream").and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// Abort in-flight requests by their `generate-tokens-…` ids.
 #[utoipa::path(post, path = "/inference/v1/abort_requests", tag = "generate",
-    request_body(content = Object, description = "`{\"request_ids\": [str]}`."),
+    request_body = AbortRequest,
     responses(
     (status = 200, description = "Accepted; the abort runs in the background."),
     (status = 400, description = "Malformed body.", body = super::openapi::ErrorResponse),
@@ -133,7 +159,7 @@ async fn abort(state: State<AppState>, body: LimitedBytes) -> Result<Response, A
 
 /// The legacy, unauthenticated abort route of `--tokens-only` servers.
 #[utoipa::path(post, path = "/abort_requests", tag = "generate",
-    request_body(content = Object, description = "`{\"request_ids\": [str]}`."),
+    request_body = AbortRequest,
     responses(
     (status = 200, description = "Accepted; the abort runs in the background."),
     (status = 400, description = "Malformed body.", body = super::openapi::ErrorResponse),

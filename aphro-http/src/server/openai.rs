@@ -10,8 +10,9 @@ use crate::extract::JsonBody;
 use crate::sse::sse_response;
 use aphro_core::derenderer::{ChatDerenderStream, CompletionDerenderStream};
 use aphro_core::protocol::{
-    ChatCompletionRequest, DerenderChatRequest, DerenderCompletionRequest, GenerateRequest,
-    GenerateResponse, GenerateStreamResponse,
+    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk,
+    CompletionRequest, CompletionResponse, DerenderChatRequest, DerenderCompletionRequest,
+    GenerateRequest, GenerateResponse, GenerateStreamResponse,
 };
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_engine::serving::ServingEngine;
@@ -19,8 +20,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use futures::StreamExt;
+use serde::Serialize;
 use serde_json::Value;
 use std::sync::Arc;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -49,9 +52,15 @@ async fn run_full(
 
 /// The OpenAI chat endpoint: render, generate and derender in one process.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
-    request_body(content = Object, description = "An OpenAI `ChatCompletionRequest`."),
+    request_body = ChatCompletionRequest,
     responses(
-    (status = 200, description = "A `ChatCompletionResponse`, or with `stream: true` an SSE stream of chunks ending in `data: [DONE]`.", body = Object),
+    (status = 200, description = "A `ChatCompletionResponse`; with `stream: true` an SSE stream whose \
+        `data:` events are `ChatCompletionStreamResponse`s (only the keys vLLM sets), ending in \
+        `data: [DONE]` (an in-stream error is one more event with the `ErrorResponse` envelope).",
+        content(
+            (ChatCompletionResponse = "application/json"),
+            (ChatCompletionChunk = "text/event-stream"),
+        )),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -136,9 +145,15 @@ async fn chat_completions(
 
 /// The OpenAI completion endpoint: render, generate and derender in one process.
 #[utoipa::path(post, path = "/v1/completions", tag = "openai",
-    request_body(content = Object, description = "An OpenAI `CompletionRequest`."),
+    request_body = CompletionRequest,
     responses(
-    (status = 200, description = "A `CompletionResponse`, or with `stream: true` an SSE stream of chunks ending in `data: [DONE]`.", body = Object),
+    (status = 200, description = "A `CompletionResponse`; with `stream: true` an SSE stream whose \
+        `data:` events are `CompletionStreamResponse`s, ending in `data: [DONE]` (an in-stream \
+        error is one more event with the `ErrorResponse` envelope).",
+        content(
+            (CompletionResponse = "application/json"),
+            (CompletionChunk = "text/event-stream"),
+        )),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -585,7 +600,10 @@ pub async fn generate_derender(
     };
     let prompt_ids = req.token_ids.clone();
     let resp = engine.generate(req, header_id)?.collect_response().await?;
-    let generated: GenerateResponse = to_core(serde_json::to_value(&resp).map_err(internal)?)?;
+    let mut generated: GenerateResponse = to_core(serde_json::to_value(&resp).map_err(internal)?)?;
+    // The engine tags its response with the requested mode; what the derenderer reads here
+    // is its token output, which it accepts only as `tokens` mode (it refuses any other).
+    generated.output_mode = Some("tokens".into());
     let out = tokio::task::spawn_blocking(move || {
         derenderer.derender_chat(DerenderChatRequest {
             stream: false,
@@ -598,7 +616,26 @@ pub async fn generate_derender(
     })
     .await
     .map_err(internal)??;
-    let mut v = serde_json::to_value(out).map_err(internal)?;
-    v["output_mode"] = Value::String("derender".into());
+    let v = serde_json::to_value(GenerateDerenderResponse {
+        response: out,
+        output_mode: DerenderMode::Derender,
+    })
+    .map_err(internal)?;
     Ok(json_response(StatusCode::OK, &v))
+}
+
+/// `POST /inference/v1/generate` with `output_mode: "derender"`: the chat response the
+/// derender route would give, tagged with the output mode.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GenerateDerenderResponse {
+    #[serde(flatten)]
+    pub response: ChatCompletionResponse,
+    pub output_mode: DerenderMode,
+}
+
+/// The `output_mode` literal of [`GenerateDerenderResponse`].
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DerenderMode {
+    Derender,
 }

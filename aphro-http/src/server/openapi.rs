@@ -6,9 +6,16 @@
 //! axum router and the OpenAPI document therefore come out of the same registration and
 //! cannot drift apart; each role's document lists only the routes that role mounts.
 //!
-//! Request and response bodies are OpenAI/vLLM wire objects whose full field lists live in
-//! the wire spec; here they are described as JSON objects, while the error envelope (the one
-//! shape every route shares) has a precise schema.
+//! The body schemas are derived too: every wire type of `aphro_core::protocol` and of
+//! `aphro_engine::serving::wire` derives `utoipa::ToSchema` beside its serde impls, and each
+//! route's `#[utoipa::path]` names the type it parses as `request_body` and the type it
+//! serializes as the response (a route that streams lists the SSE event type as a second,
+//! `text/event-stream`, content). The schemas follow serde: renames, untagged enums as
+//! `oneOf` (or `anyOf` where variants overlap), keys with a serde default optional, and in
+//! responses a key the server always writes, even as `null`, `required`. utoipa registers
+//! every referenced schema under `components/schemas`. `tests/openapi.rs` validates real
+//! requests and responses of each role against the document. The error envelope below is
+//! the one shape every route shares.
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;

@@ -8,10 +8,13 @@ use crate::error::{json_response, ApiError};
 use crate::extract::JsonBody;
 use aphro_core::derenderer::Derenderer;
 use aphro_core::protocol::derender::{
-    parse_derender_chat_body, parse_derender_completion_body, DerenderChatBody,
-    DerenderCompletionBody,
+    parse_derender_chat_body, parse_derender_completion_body, DerenderChatBody, DerenderChatOutput,
+    DerenderCompletionBody, DerenderCompletionOutput,
 };
-use aphro_core::protocol::{DetokenizeRequest, TokenizeRequest};
+use aphro_core::protocol::{
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+    GenerateRequest, TokenizeRequest, TokenizeResponse,
+};
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::Renderer;
 use axum::extract::State;
@@ -75,9 +78,9 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, ApiError> {
 
 /// Chat request -> one `GenerateRequest` (template applied, tokenized, sampling resolved).
 #[utoipa::path(post, path = "/v1/chat/completions/render", tag = "render",
-    request_body(content = Object, description = "An OpenAI `ChatCompletionRequest`."),
+    request_body = ChatCompletionRequest,
     responses(
-    (status = 200, description = "A `GenerateRequest` for `/inference/v1/generate`.", body = Object),
+    (status = 200, description = "A `GenerateRequest` for `/inference/v1/generate`.", body = GenerateRequest),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -101,9 +104,9 @@ async fn render_chat(
 
 /// Completion request -> one `GenerateRequest` per prompt.
 #[utoipa::path(post, path = "/v1/completions/render", tag = "render",
-    request_body(content = Object, description = "An OpenAI `CompletionRequest`."),
+    request_body = CompletionRequest,
     responses(
-    (status = 200, description = "An array of `GenerateRequest`s.", body = Object),
+    (status = 200, description = "One `GenerateRequest` per prompt.", body = Vec<GenerateRequest>),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -127,9 +130,9 @@ async fn render_completion(
 
 /// Tokenize a prompt or a chat.
 #[utoipa::path(post, path = "/tokenize", tag = "utility",
-    request_body(content = Object, description = "`{prompt}` or `{messages}` (chat template applied)."),
+    request_body = TokenizeRequest,
     responses(
-    (status = 200, description = "`{count, max_model_len, tokens, token_strs?}`.", body = Object),
+    (status = 200, description = "The token ids (and their strings with `return_token_strs`).", body = TokenizeResponse),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
     (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
@@ -147,9 +150,9 @@ async fn tokenize(
 
 /// Decode token ids to text.
 #[utoipa::path(post, path = "/detokenize", tag = "utility",
-    request_body(content = Object, description = "`{tokens: [int]}`."),
+    request_body = DetokenizeRequest,
     responses(
-    (status = 200, description = "`{prompt}`.", body = Object),
+    (status = 200, description = "The decoded text.", body = DetokenizeResponse),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
     (status = 501, description = "The server has no renderer (`--tokens-only`).", body = super::openapi::ErrorResponse),
@@ -183,9 +186,9 @@ where
 
 /// Generate output -> OpenAI chat response (or one stream chunk plus its state).
 #[utoipa::path(post, path = "/v1/chat/completions/derender", tag = "derender",
-    request_body(content = Object, description = "`DerenderChatRequest` (`stream: false`) or `DerenderChatStreamRequest` (`stream: true`)."),
+    request_body = DerenderChatBody,
     responses(
-    (status = 200, description = "A `ChatCompletionResponse`, or `{chunk, stream_state}`.", body = Object),
+    (status = 200, description = "A `ChatCompletionResponse`, or with `stream: true` one `{chunk, stream_state}`.", body = DerenderChatOutput),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -197,10 +200,13 @@ async fn derender_chat(
 ) -> Result<Response, ApiError> {
     let d = derenderer(&state)?.clone();
     let out = blocking(move || {
-        Ok(match parse_derender_chat_body(&body)? {
-            DerenderChatBody::Full(r) => serde_json::to_value(d.derender_chat(*r)?),
-            DerenderChatBody::Stream(r) => serde_json::to_value(d.derender_chat_stream(*r)?),
-        })
+        let out = match parse_derender_chat_body(&body)? {
+            DerenderChatBody::Full(r) => DerenderChatOutput::Full(Box::new(d.derender_chat(*r)?)),
+            DerenderChatBody::Stream(r) => {
+                DerenderChatOutput::Stream(Box::new(d.derender_chat_stream(*r)?))
+            }
+        };
+        Ok(serde_json::to_value(out))
     })
     .await?
     .map_err(|e| ApiError::internal(e.to_string()))?;
@@ -209,9 +215,9 @@ async fn derender_chat(
 
 /// Generate output -> OpenAI completion response (or one stream chunk plus its state).
 #[utoipa::path(post, path = "/v1/completions/derender", tag = "derender",
-    request_body(content = Object, description = "`DerenderCompletionRequest` (`stream: false`) or its streaming form."),
+    request_body = DerenderCompletionBody,
     responses(
-    (status = 200, description = "A `CompletionResponse`, or `{chunk, stream_state}`.", body = Object),
+    (status = 200, description = "A `CompletionResponse`, or with `stream: true` one `{chunk, stream_state}`.", body = DerenderCompletionOutput),
     (status = 400, description = "Invalid request.", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -223,12 +229,15 @@ async fn derender_completion(
 ) -> Result<Response, ApiError> {
     let d = derenderer(&state)?.clone();
     let out = blocking(move || {
-        Ok(match parse_derender_completion_body(&body)? {
-            DerenderCompletionBody::Full(r) => serde_json::to_value(d.derender_completion(*r)?),
-            DerenderCompletionBody::Stream(r) => {
-                serde_json::to_value(d.derender_completion_stream(*r)?)
+        let out = match parse_derender_completion_body(&body)? {
+            DerenderCompletionBody::Full(r) => {
+                DerenderCompletionOutput::Full(Box::new(d.derender_completion(*r)?))
             }
-        })
+            DerenderCompletionBody::Stream(r) => {
+                DerenderCompletionOutput::Stream(Box::new(d.derender_completion_stream(*r)?))
+            }
+        };
+        Ok(serde_json::to_value(out))
     })
     .await?
     .map_err(|e| ApiError::internal(e.to_string()))?;
