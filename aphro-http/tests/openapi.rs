@@ -24,7 +24,14 @@ fn gguf() -> String {
         .into_owned()
 }
 
-const ENGINE_FLAGS: [&str; 4] = ["--kv-cache-memory", "16777216", "--max-num-seqs", "16"];
+const ENGINE_FLAGS: [&str; 6] = [
+    "--kv-cache-memory",
+    "16777216",
+    "--max-model-len",
+    "auto",
+    "--max-num-seqs",
+    "16",
+];
 
 /// One role's document and the operations the test called on it.
 struct Doc {
@@ -51,9 +58,34 @@ impl Doc {
     }
 
     fn operation(&self, method: &str, path: &str) -> &Value {
-        let op = &self.doc["paths"][path][method];
+        let path = self.template_of(path);
+        let op = &self.doc["paths"][path.as_str()][method];
         assert!(op.is_object(), "{method} {path} is not in the document");
         op
+    }
+
+    /// The document's path for a concrete one: itself, or the template whose `{param}`
+    /// segments it fills (`/v1/models/smol` → `/v1/models/{model}`).
+    fn template_of(&self, path: &str) -> String {
+        let paths = self.doc["paths"].as_object();
+        if paths.is_some_and(|p| p.contains_key(path)) {
+            return path.to_owned();
+        }
+        let segs: Vec<&str> = path.split('/').collect();
+        paths
+            .into_iter()
+            .flatten()
+            .map(|(t, _)| t)
+            .find(|t| {
+                let ts: Vec<&str> = t.split('/').collect();
+                ts.len() == segs.len()
+                    && ts
+                        .iter()
+                        .zip(&segs)
+                        .all(|(a, b)| a == b || (a.starts_with('{') && a.ends_with('}')))
+            })
+            .cloned()
+            .unwrap_or_else(|| path.to_owned())
     }
 
     /// A validator for `schema`, with the document's components beside it so that
@@ -214,7 +246,8 @@ impl Api<'_> {
         let status = resp.status();
         let content_type = resp.header("content-type").unwrap_or("").to_owned();
         let text = resp.into_string().unwrap_or_default();
-        self.doc.mark(&method.to_lowercase(), path);
+        self.doc
+            .mark(&method.to_lowercase(), &self.doc.template_of(path));
         let what = format!("{method} {path} → {status}");
         let Some(schema) =
             self.doc
@@ -307,7 +340,7 @@ fn chat(extra: Value) -> Value {
 }
 
 /// The routes every role mounts.
-fn common_routes(api: &Api<'_>) {
+fn common_routes(api: &Api<'_>, served: &str) {
     let v = api.get("/version").body;
     assert_eq!(v["version"], "0.33.0");
     let models = api.get("/v1/models").body;
@@ -321,6 +354,12 @@ fn common_routes(api: &Api<'_>) {
         json!("yes"),
     );
     assert_eq!(api.get("/health").status, 200);
+    assert_eq!(api.get("/ping").status, 200);
+    assert_eq!(api.send("POST", "/ping", None).status, 200);
+    let card = api.get(&format!("/v1/models/{served}"));
+    assert_eq!(card.status, 200);
+    assert_eq!(card.body["id"], served);
+    assert_eq!(api.get("/v1/models/nope").status, 404);
     assert!(api
         .get("/metrics")
         .body
@@ -332,12 +371,18 @@ fn common_routes(api: &Api<'_>) {
 #[test]
 fn integrated_server_matches_its_document() {
     let model = gguf();
-    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--served-model-name",
+        "smol",
+        "--enable-scale-out",
+    ];
     args.extend(ENGINE_FLAGS);
     let s = Server::start(&args);
     let doc = Doc::fetch(&s);
     let api = Api::new(&s, &doc);
-    common_routes(&api);
+    common_routes(&api, "smol");
 
     // Chat, non-streaming with logprobs and a stop list.
     let chat_req = chat(json!({"logprobs": true, "top_logprobs": 2, "stop": ["\n\n"]}));
@@ -578,7 +623,7 @@ fn render_server_matches_its_document() {
     let refused = api.send("GET", "/v1/models", None);
     assert_eq!(refused.status, 401);
     api.headers.push(("authorization", "Bearer sekret"));
-    common_routes(&api);
+    common_routes(&api, "qwen3");
 
     let chat_req = json!({"model": "qwen3", "max_tokens": 64,
         "messages": [{"role": "user", "content": "Weather in Paris?"},
@@ -707,7 +752,7 @@ fn tokens_only_server_matches_its_document() {
     let s = Server::start(&args);
     let doc = Doc::fetch(&s);
     let api = Api::new(&s, &doc);
-    common_routes(&api);
+    common_routes(&api, "smol");
 
     let ids = json!([1, 9690, 198, 2683, 359, 253, 5356, 2, 198, 1, 4093, 198, 19556, 2, 198]);
     let g = api
