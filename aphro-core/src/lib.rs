@@ -19,6 +19,7 @@ pub mod renderer;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
+pub mod validation;
 
 pub use derenderer::{DerenderOptions, Derenderer};
 pub use error::{Error, Result};

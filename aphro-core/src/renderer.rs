@@ -859,13 +859,12 @@ pub const REASONING_EFFORTS: [&str; 7] =
 fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
     if let Some(effort) = &req.reasoning_effort {
         if !REASONING_EFFORTS.contains(&effort.as_str()) {
-            return Err(Error::validation(
-                format!(
-                    "1 validation error:\n  body.reasoning_effort: Input should be {}; got {effort:?}",
-                    REASONING_EFFORTS.map(|e| format!("'{e}'")).join(", ")
-                ),
-                Some("body.reasoning_effort"),
-            ));
+            use crate::validation::{literal_error, validation_error, Loc};
+            return Err(validation_error(&[literal_error(
+                &[Loc::Key("reasoning_effort".into())],
+                &REASONING_EFFORTS,
+                &Value::String(effort.clone()),
+            )]));
         }
     }
     if req.use_beam_search {
@@ -1026,24 +1025,12 @@ fn validate_completion(req: &CompletionRequest) -> Result<()> {
 }
 
 /// Parses a request body as vLLM would: a JSON object with `messages` is a chat request,
-/// with `prompt` a completion request. Deserialization failures are structural 400s.
+/// with `prompt` a completion request. Deserialization failures are structural 400s naming
+/// the field and the expected type (see [`crate::validation`]).
 pub fn parse_chat_request(body: &Value) -> Result<ChatCompletionRequest> {
-    serde_json::from_value(body.clone()).map_err(|e| structural(&e, "messages"))
+    crate::validation::from_body(body)
 }
 
 pub fn parse_completion_request(body: &Value) -> Result<CompletionRequest> {
-    serde_json::from_value(body.clone()).map_err(|e| structural(&e, "prompt"))
-}
-
-fn structural(e: &serde_json::Error, field: &str) -> Error {
-    let msg = e.to_string();
-    let param = if msg.contains("missing field") {
-        msg.split('`').nth(1).map(|f| format!("body.{f}"))
-    } else {
-        Some(format!("body.{field}"))
-    };
-    Error::Validation {
-        message: format!("1 validation error:\n  {msg}"),
-        param,
-    }
+    crate::validation::from_body(body)
 }

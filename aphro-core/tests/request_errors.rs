@@ -1,0 +1,227 @@
+//! Request errors as vLLM 0.33.0 reports them: structural 400s naming the field and the
+//! expected type.
+mod common;
+use aphro_core::renderer::{parse_chat_request, parse_completion_request};
+use aphro_core::{Error, Model, RenderOptions, Renderer};
+use serde_json::{json, Value};
+use std::sync::{Arc, OnceLock};
+
+fn model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let p = common::asset("tokenizers/qwen3");
+            Arc::new(Model::load(p.to_str().unwrap_or_default()).expect("qwen3 tokenizer"))
+        })
+        .clone()
+}
+
+fn renderer(options: RenderOptions) -> Renderer {
+    Renderer::new(
+        model(),
+        RenderOptions {
+            served_model_names: Some(vec!["Qwen/Qwen3-0.6B".into()]),
+            ..options
+        },
+    )
+    .expect("renderer")
+}
+
+fn user(content: Value) -> Value {
+    json!({"messages": [{"role": "user", "content": content}]})
+}
+
+fn with(mut body: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().expect("object") {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// Status, envelope `type`, `param` and message of a refused request.
+fn refusal(e: &Error) -> (u16, &'static str, Option<String>, String) {
+    (
+        e.status(),
+        e.error_type(),
+        e.param().map(str::to_owned),
+        e.to_string(),
+    )
+}
+
+fn structural(body: Value) -> (Option<String>, String) {
+    let e = parse_chat_request(&body).expect_err("structurally invalid");
+    assert_eq!(e.status(), 400, "{e}");
+    assert_eq!(e.error_type(), "Bad Request", "{e}");
+    (e.param().map(str::to_owned), e.to_string())
+}
+
+fn one(entry: &str) -> String {
+    format!("1 validation error:\n  {entry}")
+}
+
+#[test]
+fn structural_errors_name_the_field_and_the_expected_type() {
+    let hi = user(json!("hi"));
+    assert_eq!(
+        structural(with(hi.clone(), json!({"temperature": "hot"}))),
+        (
+            Some("body.temperature".into()),
+            one(
+                "{'type': 'float_parsing', 'loc': 'body.temperature', 'msg': 'Input should be \
+                 a valid number, unable to parse string as a number', 'input': 'hot'}"
+            )
+        )
+    );
+    assert_eq!(
+        structural(with(hi.clone(), json!({"session_id": 123}))),
+        (
+            Some("body.session_id".into()),
+            one(
+                "{'type': 'string_type', 'loc': 'body.session_id', 'msg': 'Input should be a \
+                 valid string', 'input': '123'}"
+            )
+        )
+    );
+    assert_eq!(
+        structural(with(hi.clone(), json!({"n": 1.5}))),
+        (
+            Some("body.n".into()),
+            one(
+                "{'type': 'int_from_float', 'loc': 'body.n', 'msg': 'Input should be a valid \
+                 integer, got a number with a fractional part', 'input': '1.5'}"
+            )
+        )
+    );
+    assert_eq!(
+        structural(with(hi.clone(), json!({"logprobs": "x"}))),
+        (
+            Some("body.logprobs".into()),
+            one(
+                "{'type': 'bool_parsing', 'loc': 'body.logprobs', 'msg': 'Input should be a \
+                 valid boolean, unable to interpret input', 'input': 'x'}"
+            )
+        )
+    );
+    assert_eq!(
+        structural(with(hi.clone(), json!({"stop_token_ids": [1, "a"]}))),
+        (
+            Some("body.stop_token_ids.1".into()),
+            one(
+                "{'type': 'int_parsing', 'loc': 'body.stop_token_ids.1', 'msg': 'Input should \
+                 be a valid integer, unable to parse string as an integer', 'input': 'a'}"
+            )
+        )
+    );
+    assert_eq!(
+        structural(with(hi.clone(), json!({"stream_options": "x"}))),
+        (
+            Some("body.stream_options".into()),
+            one(
+                "{'type': 'model_attributes_type', 'loc': 'body.stream_options', 'msg': \
+                 'Input should be a valid dictionary or object to extract fields from', \
+                 'input': 'x'}"
+            )
+        )
+    );
+    assert_eq!(
+        structural(json!({"model": "m"})),
+        (
+            Some("body.messages".into()),
+            one(
+                "{'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', \
+                 'input': '<dict of 1 items>'}"
+            )
+        )
+    );
+    // A union (`str | list[str]`) reports each branch, as pydantic does.
+    assert_eq!(
+        structural(with(hi.clone(), json!({"stop": 5}))),
+        (
+            Some("body.stop".into()),
+            "2 validation errors:\n  \
+             {'type': 'string_type', 'loc': 'body.stop', 'msg': 'Input should be a valid \
+             string', 'input': '5'}\n  \
+             {'type': 'list_type', 'loc': 'body.stop', 'msg': 'Input should be a valid list', \
+             'input': '5'}"
+                .into()
+        )
+    );
+    // Inside the messages: the message's own path.
+    assert_eq!(
+        structural(user(json!(5))),
+        (
+            Some("body.messages.0.content".into()),
+            "2 validation errors:\n  \
+             {'type': 'string_type', 'loc': 'body.messages.0.content', 'msg': 'Input should be \
+             a valid string', 'input': '5'}\n  \
+             {'type': 'list_type', 'loc': 'body.messages.0.content', 'msg': 'Input should be a \
+             valid list', 'input': '5'}"
+                .into()
+        )
+    );
+    let (param, message) = structural(user(json!([{"type": "text", "text": 5}])));
+    assert_eq!(param.as_deref(), Some("body.messages.0.content"));
+    assert!(
+        message.ends_with(
+            "{'type': 'string_type', 'loc': 'body.messages.0.content.0.text', 'msg': 'Input \
+             should be a valid string', 'input': '5'}"
+        ),
+        "{message}"
+    );
+    assert_eq!(
+        structural(json!({"messages": [{"role": 5, "content": "hi"}]})).0,
+        Some("body.messages.0.role".into())
+    );
+    assert_eq!(
+        structural(json!({"messages": ["hi"]})),
+        (
+            Some("body.messages.0".into()),
+            one(
+                "{'type': 'dict_type', 'loc': 'body.messages.0', 'msg': 'Input should be a \
+                 valid dictionary', 'input': 'hi'}"
+            )
+        )
+    );
+    // Unknown keys are accepted and ignored, as vLLM does.
+    assert!(parse_chat_request(&with(hi, json!({"not_a_field": {"x": 1}}))).is_ok());
+
+    let e = parse_completion_request(&json!({"prompt": 5})).expect_err("prompt type");
+    assert_eq!(e.param(), Some("body.prompt"));
+    assert_eq!(
+        e.to_string(),
+        "4 validation errors:\n  \
+         {'type': 'list_type', 'loc': 'body.prompt', 'msg': 'Input should be a valid list', \
+         'input': '5'}\n  \
+         {'type': 'list_type', 'loc': 'body.prompt', 'msg': 'Input should be a valid list', \
+         'input': '5'}\n  \
+         {'type': 'string_type', 'loc': 'body.prompt', 'msg': 'Input should be a valid string', \
+         'input': '5'}\n  \
+         {'type': 'list_type', 'loc': 'body.prompt', 'msg': 'Input should be a valid list', \
+         'input': '5'}"
+    );
+}
+
+#[test]
+fn reasoning_effort_outside_the_literal_is_a_literal_error() {
+    let r = renderer(RenderOptions::default());
+    let req = parse_chat_request(&with(
+        user(json!("hi")),
+        json!({"reasoning_effort": "extreme"}),
+    ))
+    .expect("parses");
+    let e = r.render_chat(&req).expect_err("unknown effort");
+    assert_eq!(
+        refusal(&e),
+        (
+            400,
+            "Bad Request",
+            Some("body.reasoning_effort".into()),
+            one(
+                "{'type': 'literal_error', 'loc': 'body.reasoning_effort', 'msg': \"Input \
+                 should be 'none', 'minimal', 'low', 'medium', 'high', 'xhigh' or 'max'\", \
+                 'input': 'extreme', 'ctx': {'expected': \"'none', 'minimal', 'low', 'medium', \
+                 'high', 'xhigh' or 'max'\"}}"
+            )
+        )
+    );
+}
