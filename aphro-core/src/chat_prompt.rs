@@ -295,7 +295,20 @@ impl ChatPrompter {
         for (k, v) in &kwargs {
             ctx.insert(k.clone(), v.clone());
         }
-        let mut prompt = self.template.render(&ctx)?;
+        let mut prompt = match self.template.render(&ctx) {
+            // vLLM accepts an empty list and lets the template decide; most templates index
+            // `messages[0]`, and their bare "undefined value" would not say what is wrong.
+            Err(Error::Template(e)) if req.messages.is_empty() => {
+                return Err(Error::for_param(
+                    format!(
+                        "The `messages` list is empty and the chat template cannot render \
+                         an empty conversation: {e}"
+                    ),
+                    "messages",
+                ))
+            }
+            r => r?,
+        };
         if req.continue_final_message {
             prompt = cut_after_final_message(prompt, conversation.last())?;
         }

@@ -1,5 +1,5 @@
 //! Request errors as vLLM 0.33.0 reports them: structural 400s naming the field and the
-//! expected type.
+//! expected type, and an empty `messages` list the template cannot render.
 mod common;
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::{Error, Model, RenderOptions, Renderer};
@@ -223,5 +223,40 @@ fn reasoning_effort_outside_the_literal_is_a_literal_error() {
                  'high', 'xhigh' or 'max'\"}}"
             )
         )
+    );
+}
+
+#[test]
+fn empty_messages_are_named_when_the_template_cannot_render_them() {
+    let r = renderer(RenderOptions::default());
+    let req = parse_chat_request(&json!({"messages": []})).expect("an empty list parses");
+    let e = r
+        .render_chat(&req)
+        .expect_err("qwen3's template indexes messages[0]");
+    // The template's own error is kept.
+    assert_eq!(
+        refusal(&e),
+        (
+            400,
+            "BadRequestError",
+            Some("messages".into()),
+            "The `messages` list is empty and the chat template cannot render an empty \
+             conversation: undefined value (in chat_template:13) (parameter=messages)"
+                .into()
+        )
+    );
+
+    // A template that handles an empty list renders it, as in vLLM.
+    let lenient = renderer(RenderOptions {
+        chat_template: Some("{% for m in messages %}{{ m.content }}{% endfor %}hello".into()),
+        ..RenderOptions::default()
+    });
+    let out = lenient.render_chat(&req).expect("renders");
+    assert_eq!(
+        model()
+            .tokenizer
+            .decode(&out.token_ids, false)
+            .expect("decode"),
+        "hello"
     );
 }
