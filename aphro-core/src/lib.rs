@@ -5,6 +5,7 @@
 //! [`detokenizer::IncrementalDetokenizer`], [`default_model::ensure_default_model`].
 pub mod bench_support;
 pub mod chat_prompt;
+pub mod content_parts;
 pub mod default_model;
 pub mod derenderer;
 pub mod detokenizer;

@@ -1,11 +1,13 @@
 //! The Renderer: OpenAI chat/completion request → `GenerateRequest` (spec §3, §5, §10).
 use crate::chat_prompt::{normalize_tool, ChatPrompter, RenderedChat, ToolArguments};
+use crate::content_parts::{ContentCapabilities, Modality};
 use crate::error::{Error, Result};
 use crate::model::{GenerationDefaults, Model, DEFAULT_MAX_MODEL_LEN};
 use crate::protocol::*;
 use crate::template::{Clock, ContentFormat, SystemClock};
 use crate::tokenizer::Tokenizer;
 use serde_json::{Map, Value};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// Hooks a configured reasoning/tool parser provides at render time (§3, §11).
@@ -110,6 +112,13 @@ fn check_i64_range(v: i64, min: i64, name: &str, msg: &str) -> Result<()> {
     Ok(())
 }
 
+/// The media a model takes. aphro has no multimodal processor yet, so every model is
+/// text-only and media content parts get vLLM's refusal; a multimodal model lists its
+/// modalities here once its renderer can place them.
+fn supported_modalities(_model: &Model) -> BTreeSet<Modality> {
+    BTreeSet::new()
+}
+
 /// Character offsets of each token in the prompt (`return_token_offsets`).
 type Offsets = Vec<(usize, usize)>;
 
@@ -120,14 +129,28 @@ impl Renderer {
             .chat_template
             .clone()
             .or_else(|| model.chat_template.clone());
+        // vLLM names the model in its errors by the first served name, else `--model`.
+        let model_name = options
+            .served_model_names
+            .as_ref()
+            .and_then(|n| n.first())
+            .unwrap_or(&model.name)
+            .clone();
+        let capabilities = ContentCapabilities {
+            modalities: supported_modalities(&model),
+            model_name,
+        };
         let prompter = match source {
-            Some(src) => Some(ChatPrompter::new(
-                &src,
-                model.special_tokens.clone(),
-                options.content_format,
-                options.tool_arguments,
-                options.clock.clone(),
-            )?),
+            Some(src) => Some(
+                ChatPrompter::new(
+                    &src,
+                    model.special_tokens.clone(),
+                    options.content_format,
+                    options.tool_arguments,
+                    options.clock.clone(),
+                )?
+                .with_capabilities(capabilities),
+            ),
             None => None,
         };
         let max_model_len = options

@@ -1,5 +1,6 @@
 //! Request errors as vLLM 0.33.0 reports them: structural 400s naming the field and the
-//! expected type, and an empty `messages` list the template cannot render.
+//! expected type, an empty `messages` list the template cannot render, and content parts
+//! vLLM refuses.
 mod common;
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::{Error, Model, RenderOptions, Renderer};
@@ -259,4 +260,69 @@ fn empty_messages_are_named_when_the_template_cannot_render_them() {
             .expect("decode"),
         "hello"
     );
+}
+
+#[test]
+fn unknown_and_multimodal_content_parts_are_refused() {
+    let r = renderer(RenderOptions::default());
+    let render = |content: Value| {
+        let req = parse_chat_request(&user(content)).expect("parses");
+        r.render_chat(&req)
+    };
+    let e = render(json!([{"type": "text", "text": "a"}, {"type": "foo", "text": "x"}]))
+        .expect_err("unknown part type");
+    assert_eq!(
+        refusal(&e),
+        (
+            400,
+            "BadRequestError",
+            Some("type".into()),
+            "Unsupported chat content part type: 'foo'. Supported types: audio_embeds, \
+             audio_url, image_embeds, image_pil, image_url, input_audio, input_image, \
+             input_text, output_text, prompt_embeds, refusal, text, thinking, tool_reference, \
+             video_embeds, video_url. (parameter=type, value=foo)"
+                .into()
+        )
+    );
+    for part in [
+        json!({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}),
+        json!({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}),
+        json!({"type": "video_url", "video_url": {"url": "https://example.com/cat.mp4"}}),
+        json!({"type": "audio_url", "audio_url": {"url": "https://example.com/cat.wav"}}),
+    ] {
+        let e = render(json!([{"type": "text", "text": "what is this?"}, part]))
+            .expect_err("media on a text-only model");
+        assert_eq!(
+            refusal(&e),
+            (
+                400,
+                "BadRequestError",
+                None,
+                "Qwen/Qwen3-0.6B is not a multimodal model".into()
+            ),
+            "{part}"
+        );
+    }
+    let e = render(json!([{"type": "image_embeds", "image_embeds": "AAAA"}])).expect_err("embeds");
+    assert_eq!(
+        refusal(&e),
+        (
+            400,
+            "BadRequestError",
+            None,
+            "The model is not multimodal.".into()
+        )
+    );
+    // The first refused part decides.
+    let e = render(json!([{"type": "foo"}, {"type": "image_url", "image_url": {"url": "u"}}]))
+        .expect_err("unknown first");
+    assert_eq!(e.param(), Some("type"));
+    // Text-like parts still render.
+    let ok = render(json!([{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "b"}]))
+        .expect("text parts");
+    let text = model()
+        .tokenizer
+        .decode(&ok.token_ids, false)
+        .expect("decode");
+    assert!(text.contains("<|im_start|>user\na\nb<|im_end|>"), "{text}");
 }
