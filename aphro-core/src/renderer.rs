@@ -49,6 +49,11 @@ pub struct RenderOptions {
     pub strict_template_kwargs: bool,
     /// Size limits checked before tokenization.
     pub limits: crate::limits::RequestLimits,
+    /// `--tool-call-parser`. With `enable_auto_tool_choice` it makes tool parsing available;
+    /// without, a request whose `tool_choice` needs a parser is refused as vLLM refuses it.
+    pub tool_call_parser: Option<String>,
+    /// `--enable-auto-tool-choice`.
+    pub enable_auto_tool_choice: bool,
 }
 
 impl Default for RenderOptions {
@@ -67,6 +72,9 @@ impl Default for RenderOptions {
             hooks: None,
             strict_template_kwargs: false,
             limits: crate::limits::RequestLimits::default(),
+            // vLLM's defaults; its render path refuses tool choices that need a parser then.
+            tool_call_parser: None,
+            enable_auto_tool_choice: false,
         }
     }
 }
@@ -77,6 +85,8 @@ impl std::fmt::Debug for RenderOptions {
             .field("content_format", &self.content_format)
             .field("max_model_len", &self.max_model_len)
             .field("strict_template_kwargs", &self.strict_template_kwargs)
+            .field("tool_call_parser", &self.tool_call_parser)
+            .field("enable_auto_tool_choice", &self.enable_auto_tool_choice)
             .finish_non_exhaustive()
     }
 }
@@ -262,6 +272,48 @@ impl Renderer {
         Ok(())
     }
 
+    /// vLLM's `OnlineRenderer.render_chat` check: without a tool parser (which vLLM only
+    /// builds with both `--tool-call-parser` and `--enable-auto-tool-choice`), a `tool_choice`
+    /// other than `none` cannot be honoured and is refused. gpt-oss (harmony) parses its tool
+    /// calls itself and is exempt. `tool_choice` defaults to `auto` when `tools` are given.
+    fn check_tool_parsing(&self, req: &ChatCompletionRequest) -> Result<()> {
+        let parser_available =
+            self.options.tool_call_parser.is_some() && self.options.enable_auto_tool_choice;
+        if parser_available || self.harmony {
+            return Ok(());
+        }
+        let defaulted = Value::String("auto".into());
+        let tool_choice = match &req.tool_choice {
+            Some(tc) => tc,
+            None if req.tools.is_some() => &defaulted,
+            None => return Ok(()),
+        };
+        let message = match tool_choice {
+            Value::String(s) if s == "none" => return Ok(()),
+            Value::String(s) if s == "auto" => {
+                if self.options.enable_auto_tool_choice {
+                    return Ok(());
+                }
+                "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser \
+                 to be set"
+                    .to_owned()
+            }
+            Value::Object(o) => {
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                format!("tool_choice=function \"{name}\" requires --tool-call-parser to be set")
+            }
+            Value::String(s) => {
+                format!("tool_choice=\"{s}\" requires --tool-call-parser to be set")
+            }
+            other => format!("tool_choice={other} requires --tool-call-parser to be set"),
+        };
+        Err(Error::bad_request(message))
+    }
+
     /// Template → prompt string only (no tokenization).
     pub fn render_chat_prompt(&self, req: &ChatCompletionRequest) -> Result<RenderedChat> {
         if req.chat_template.is_some() {
@@ -299,6 +351,7 @@ impl Renderer {
             .limits
             .check_tools(req.tools.as_ref().map_or(0, Vec::len))?;
         self.check_chat_chars(&req.messages)?;
+        self.check_tool_parsing(req)?;
         let rendered = self.render_chat_prompt(req)?;
         let (mut ids, offsets) = self.encode_checked(
             &rendered.prompt,

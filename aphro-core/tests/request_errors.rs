@@ -1,6 +1,6 @@
 //! Request errors as vLLM 0.33.0 reports them: structural 400s naming the field and the
-//! expected type, an empty `messages` list the template cannot render, and content parts
-//! vLLM refuses.
+//! expected type, an empty `messages` list the template cannot render, content parts vLLM
+//! refuses, and tool choices that need a tool parser.
 mod common;
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::{Error, Model, RenderOptions, Renderer};
@@ -325,4 +325,84 @@ fn unknown_and_multimodal_content_parts_are_refused() {
         .decode(&ok.token_ids, false)
         .expect("decode");
     assert!(text.contains("<|im_start|>user\na\nb<|im_end|>"), "{text}");
+}
+
+#[test]
+fn tool_choice_needs_a_tool_parser() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let req = |tool_choice: Option<Value>| {
+        let mut body = with(user(json!("Weather in Paris?")), json!({"tools": tools}));
+        if let Some(tc) = tool_choice {
+            body["tool_choice"] = tc;
+        }
+        parse_chat_request(&body).expect("parses")
+    };
+    let plain = renderer(RenderOptions::default());
+    let refused = |r: &Renderer, tc: Option<Value>| {
+        let e = r.render_chat(&req(tc)).expect_err("needs a parser");
+        let (status, kind, param, message) = refusal(&e);
+        assert_eq!((status, kind, param), (400, "BadRequestError", None));
+        message
+    };
+    let auto = "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser \
+                to be set";
+    // `tool_choice` defaults to "auto" when tools are given.
+    assert_eq!(refused(&plain, None), auto);
+    assert_eq!(refused(&plain, Some(json!("auto"))), auto);
+    assert_eq!(
+        refused(&plain, Some(json!("required"))),
+        "tool_choice=\"required\" requires --tool-call-parser to be set"
+    );
+    assert_eq!(
+        refused(
+            &plain,
+            Some(json!({"type": "function", "function": {"name": "get_weather"}}))
+        ),
+        "tool_choice=function \"get_weather\" requires --tool-call-parser to be set"
+    );
+    plain
+        .render_chat(&req(Some(json!("none"))))
+        .expect("\"none\" needs no parser");
+
+    // A parser without --enable-auto-tool-choice is no parser to vLLM.
+    let parser_only = renderer(RenderOptions {
+        tool_call_parser: Some("hermes".into()),
+        ..RenderOptions::default()
+    });
+    assert_eq!(refused(&parser_only, None), auto);
+    assert_eq!(
+        refused(&parser_only, Some(json!("required"))),
+        "tool_choice=\"required\" requires --tool-call-parser to be set"
+    );
+    // --enable-auto-tool-choice alone lets "auto" through (vLLM's check reads the flag).
+    let auto_only = renderer(RenderOptions {
+        enable_auto_tool_choice: true,
+        ..RenderOptions::default()
+    });
+    auto_only.render_chat(&req(None)).expect("auto allowed");
+    assert_eq!(
+        refused(&auto_only, Some(json!("required"))),
+        "tool_choice=\"required\" requires --tool-call-parser to be set"
+    );
+    let both = renderer(RenderOptions {
+        tool_call_parser: Some("hermes".into()),
+        enable_auto_tool_choice: true,
+        ..RenderOptions::default()
+    });
+    for tc in [
+        None,
+        Some(json!("auto")),
+        Some(json!("required")),
+        Some(json!({"type": "function", "function": {"name": "get_weather"}})),
+    ] {
+        both.render_chat(&req(tc)).expect("tool parsing available");
+    }
+    // /tokenize renders tools without the check, as vLLM's tokenizer route does.
+    let tok: aphro_core::protocol::TokenizeRequest = serde_json::from_value(with(
+        user(json!("Weather in Paris?")),
+        json!({"tools": tools}),
+    ))
+    .expect("tokenize request");
+    plain.tokenize(&tok).expect("tokenize ignores tool_choice");
 }
