@@ -1,9 +1,10 @@
 //! Request errors as vLLM 0.33.0 reports them: structural 400s naming the field and the
 //! expected type, an empty `messages` list the template cannot render, content parts vLLM
-//! refuses, and tool choices that need a tool parser.
+//! refuses, tool choices that need a tool parser, and the `content` of a tool-call message.
 mod common;
+use aphro_core::protocol::{parse_derender_chat_body, DerenderChatBody};
 use aphro_core::renderer::{parse_chat_request, parse_completion_request};
-use aphro_core::{Error, Model, RenderOptions, Renderer};
+use aphro_core::{DerenderOptions, Derenderer, Error, Model, RenderOptions, Renderer};
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
 
@@ -405,4 +406,45 @@ fn tool_choice_needs_a_tool_parser() {
     ))
     .expect("tokenize request");
     plain.tokenize(&tok).expect("tokenize ignores tool_choice");
+}
+
+#[test]
+fn empty_content_stays_empty_next_to_tool_calls() {
+    // xLAM's parser returns content "" beside its calls (corpus `xlam-extra-2`, run on vLLM
+    // 0.33.0), and vLLM's message assembly keeps it.
+    let d = Derenderer::new(
+        model(),
+        DerenderOptions {
+            tool_call_parser: Some("xlam".into()),
+            enable_auto_tool_choice: true,
+            ..DerenderOptions::default()
+        },
+    )
+    .expect("derenderer");
+    let text = r#"[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]"#;
+    let ids = model().tokenizer.encode(text, false).expect("encode");
+    let body = json!({
+        "generate_response": {"request_id": "generate-tokens-chatcmpl-x", "choices": [
+            {"index": 0, "finish_reason": "stop", "stop_reason": null, "token_ids": ids}]},
+        "prompt_tokens": 3,
+        "prompt_token_ids": [1, 2, 3],
+        "chat_request": {
+            "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+                {"type": "object", "properties": {"city": {"type": "string"},
+                 "unit": {"type": "string"}}}}}],
+            "tool_choice": "auto"
+        }
+    });
+    let DerenderChatBody::Full(req) = parse_derender_chat_body(&body).expect("body") else {
+        panic!("not a full body");
+    };
+    let out = serde_json::to_value(d.derender_chat(*req).expect("derender")).expect("json");
+    let choice = &out["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    assert_eq!(choice["message"]["content"], json!(""), "{out}");
 }
