@@ -23,6 +23,9 @@ fn bench(c: &mut Criterion) {
         Arc::new(model),
         RenderOptions {
             max_model_len: Some(40960),
+            // The chats offer tools: tool parsing on, as a server rendering them has it.
+            tool_call_parser: Some("hermes".into()),
+            enable_auto_tool_choice: true,
             ..Default::default()
         },
     )

@@ -1,6 +1,7 @@
 //! vLLM's request normalization before the template (content format, tool-call arguments,
 //! null content, tools, kwargs filtering) and transformers' `apply_chat_template` around it
 //! (message clean-up, special-token variables, `continue_final_message`).
+use crate::content_parts::{parse_parts, ContentCapabilities, Part};
 use crate::error::{Error, Result};
 use crate::protocol::{ChatCompletionRequest, ChatMessage, ChatTool, MessageContent};
 use crate::template::{ChatTemplate, Clock, ContentFormat};
@@ -51,19 +52,8 @@ pub struct ChatPrompter {
     special_tokens: Map<String, Value>,
     content_format: ContentFormat,
     tool_arguments: ToolArguments,
-}
-
-fn text_of_parts(parts: &[crate::protocol::ContentPart]) -> Vec<String> {
-    parts
-        .iter()
-        .filter(|p| {
-            matches!(
-                p.kind.as_deref(),
-                None | Some("text") | Some("input_text") | Some("output_text")
-            )
-        })
-        .filter_map(|p| p.text.clone())
-        .collect()
+    /// Which media parts pass (none: a text-only model).
+    capabilities: ContentCapabilities,
 }
 
 /// Normalized tool definition: `{"type":"function","function":{"name","description","parameters",…}}`.
@@ -108,7 +98,19 @@ impl ChatPrompter {
             special_tokens,
             content_format,
             tool_arguments,
+            capabilities: ContentCapabilities::text_only("model"),
         })
+    }
+
+    /// Sets what non-text content parts are accepted (the renderer passes the served model's
+    /// name and modalities; the default is a text-only model called `model`).
+    pub fn with_capabilities(mut self, capabilities: ContentCapabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    pub fn capabilities(&self) -> &ContentCapabilities {
+        &self.capabilities
     }
 
     pub fn template(&self) -> &ChatTemplate {
@@ -120,25 +122,49 @@ impl ChatPrompter {
         self.content_format
     }
 
-    fn normalize_message(&self, m: &ChatMessage) -> Value {
+    /// vLLM's `parse_chat_message_content` for `content`: parts parsed one by one (the first
+    /// refused part is the request's error), then joined into one string for `string`
+    /// templates, or kept as typed dicts for `openai` ones (a tool message's text parts are
+    /// joined into a string either way).
+    fn normalize_content(&self, m: &ChatMessage) -> Result<Value> {
+        let parts = match &m.content {
+            None => Vec::new(),
+            Some(MessageContent::Text(s)) => vec![Part::Text(s.clone())],
+            Some(MessageContent::Parts(p)) => parse_parts(p, &self.capabilities)?,
+        };
+        let joined = || {
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Text(t) | Part::ToolReference(t) => Some(t.as_str()),
+                    // Placeholders are the multimodal renderer's business.
+                    Part::Media(_) => None,
+                })
+                .collect();
+            Value::String(texts.join("\n"))
+        };
+        let all_text = parts.iter().all(|p| matches!(p, Part::Text(_)));
+        if self.content_format == ContentFormat::String || (m.role == "tool" && all_text) {
+            return Ok(joined());
+        }
+        Ok(Value::Array(
+            parts
+                .iter()
+                .map(|p| match p {
+                    Part::Text(t) => serde_json::json!({"type": "text", "text": t}),
+                    Part::ToolReference(n) => {
+                        serde_json::json!({"type": "tool_reference", "name": n})
+                    }
+                    Part::Media(m) => serde_json::json!({"type": m.as_str()}),
+                })
+                .collect(),
+        ))
+    }
+
+    fn normalize_message(&self, m: &ChatMessage) -> Result<Value> {
         let mut o = Map::new();
         o.insert("role".into(), Value::String(m.role.clone()));
-        let as_string = self.content_format == ContentFormat::String || m.role == "tool";
-        let content = match (&m.content, as_string) {
-            (None, true) => Value::String(String::new()),
-            (None, false) => Value::Array(Vec::new()),
-            (Some(MessageContent::Text(s)), true) => Value::String(s.clone()),
-            (Some(MessageContent::Text(s)), false) => {
-                serde_json::json!([{"type": "text", "text": s}])
-            }
-            (Some(MessageContent::Parts(p)), true) => Value::String(text_of_parts(p).join("\n")),
-            (Some(MessageContent::Parts(p)), false) => Value::Array(
-                text_of_parts(p)
-                    .into_iter()
-                    .map(|t| serde_json::json!({"type": "text", "text": t}))
-                    .collect(),
-            ),
-        };
+        let content = self.normalize_content(m)?;
         o.insert("content".into(), content);
         if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_empty()) {
             let calls: Vec<Value> = calls
@@ -178,7 +204,7 @@ impl ChatPrompter {
             o.insert("reasoning".into(), Value::String(r.clone()));
             o.insert("reasoning_content".into(), Value::String(r.clone()));
         }
-        Value::Object(o)
+        Ok(Value::Object(o))
     }
 
     /// transformers 5: drop `None`-valued keys and expose reasoning as `thinking` too.
@@ -263,7 +289,7 @@ impl ChatPrompter {
             .messages
             .iter()
             .map(|m| self.normalize_message(m))
-            .collect();
+            .collect::<Result<_>>()?;
         let tools: Option<Vec<Value>> = req
             .tools
             .as_ref()
@@ -295,7 +321,20 @@ impl ChatPrompter {
         for (k, v) in &kwargs {
             ctx.insert(k.clone(), v.clone());
         }
-        let mut prompt = self.template.render(&ctx)?;
+        let mut prompt = match self.template.render(&ctx) {
+            // vLLM accepts an empty list and lets the template decide; most templates index
+            // `messages[0]`, and their bare "undefined value" would not say what is wrong.
+            Err(Error::Template(e)) if req.messages.is_empty() => {
+                return Err(Error::for_param(
+                    format!(
+                        "The `messages` list is empty and the chat template cannot render \
+                         an empty conversation: {e}"
+                    ),
+                    "messages",
+                ))
+            }
+            r => r?,
+        };
         if req.continue_final_message {
             prompt = cut_after_final_message(prompt, conversation.last())?;
         }

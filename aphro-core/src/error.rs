@@ -79,6 +79,15 @@ impl Error {
         }
     }
 
+    /// Semantic 400 naming a parameter but no value: vLLM's
+    /// `VLLMValidationError(message, parameter=p)`, `" (parameter=<p>)"`.
+    pub fn for_param(message: impl Into<String>, param: &str) -> Self {
+        Error::BadRequest {
+            message: format!("{} (parameter={param})", message.into()),
+            param: Some(param.to_owned()),
+        }
+    }
+
     /// Handler-level 400 without a parameter.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Error::BadRequest {

@@ -5,6 +5,7 @@
 //! [`detokenizer::IncrementalDetokenizer`], [`default_model::ensure_default_model`].
 pub mod bench_support;
 pub mod chat_prompt;
+pub mod content_parts;
 pub mod default_model;
 pub mod derenderer;
 pub mod detokenizer;
@@ -19,6 +20,7 @@ pub mod renderer;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
+pub mod validation;
 
 pub use derenderer::{DerenderOptions, Derenderer};
 pub use error::{Error, Result};

@@ -1,11 +1,13 @@
 //! The Renderer: OpenAI chat/completion request → `GenerateRequest` (spec §3, §5, §10).
 use crate::chat_prompt::{normalize_tool, ChatPrompter, RenderedChat, ToolArguments};
+use crate::content_parts::{ContentCapabilities, Modality};
 use crate::error::{Error, Result};
 use crate::model::{GenerationDefaults, Model, DEFAULT_MAX_MODEL_LEN};
 use crate::protocol::*;
 use crate::template::{Clock, ContentFormat, SystemClock};
 use crate::tokenizer::Tokenizer;
 use serde_json::{Map, Value};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// Hooks a configured reasoning/tool parser provides at render time (§3, §11).
@@ -47,6 +49,11 @@ pub struct RenderOptions {
     pub strict_template_kwargs: bool,
     /// Size limits checked before tokenization.
     pub limits: crate::limits::RequestLimits,
+    /// `--tool-call-parser`. With `enable_auto_tool_choice` it makes tool parsing available;
+    /// without, a request whose `tool_choice` needs a parser is refused as vLLM refuses it.
+    pub tool_call_parser: Option<String>,
+    /// `--enable-auto-tool-choice`.
+    pub enable_auto_tool_choice: bool,
 }
 
 impl Default for RenderOptions {
@@ -65,6 +72,9 @@ impl Default for RenderOptions {
             hooks: None,
             strict_template_kwargs: false,
             limits: crate::limits::RequestLimits::default(),
+            // vLLM's defaults; its render path refuses tool choices that need a parser then.
+            tool_call_parser: None,
+            enable_auto_tool_choice: false,
         }
     }
 }
@@ -75,6 +85,8 @@ impl std::fmt::Debug for RenderOptions {
             .field("content_format", &self.content_format)
             .field("max_model_len", &self.max_model_len)
             .field("strict_template_kwargs", &self.strict_template_kwargs)
+            .field("tool_call_parser", &self.tool_call_parser)
+            .field("enable_auto_tool_choice", &self.enable_auto_tool_choice)
             .finish_non_exhaustive()
     }
 }
@@ -110,6 +122,13 @@ fn check_i64_range(v: i64, min: i64, name: &str, msg: &str) -> Result<()> {
     Ok(())
 }
 
+/// The media a model takes. aphro has no multimodal processor yet, so every model is
+/// text-only and media content parts get vLLM's refusal; a multimodal model lists its
+/// modalities here once its renderer can place them.
+fn supported_modalities(_model: &Model) -> BTreeSet<Modality> {
+    BTreeSet::new()
+}
+
 /// Character offsets of each token in the prompt (`return_token_offsets`).
 type Offsets = Vec<(usize, usize)>;
 
@@ -120,14 +139,28 @@ impl Renderer {
             .chat_template
             .clone()
             .or_else(|| model.chat_template.clone());
+        // vLLM names the model in its errors by the first served name, else `--model`.
+        let model_name = options
+            .served_model_names
+            .as_ref()
+            .and_then(|n| n.first())
+            .unwrap_or(&model.name)
+            .clone();
+        let capabilities = ContentCapabilities {
+            modalities: supported_modalities(&model),
+            model_name,
+        };
         let prompter = match source {
-            Some(src) => Some(ChatPrompter::new(
-                &src,
-                model.special_tokens.clone(),
-                options.content_format,
-                options.tool_arguments,
-                options.clock.clone(),
-            )?),
+            Some(src) => Some(
+                ChatPrompter::new(
+                    &src,
+                    model.special_tokens.clone(),
+                    options.content_format,
+                    options.tool_arguments,
+                    options.clock.clone(),
+                )?
+                .with_capabilities(capabilities),
+            ),
             None => None,
         };
         let max_model_len = options
@@ -239,6 +272,48 @@ impl Renderer {
         Ok(())
     }
 
+    /// vLLM's `OnlineRenderer.render_chat` check: without a tool parser (which vLLM only
+    /// builds with both `--tool-call-parser` and `--enable-auto-tool-choice`), a `tool_choice`
+    /// other than `none` cannot be honoured and is refused. gpt-oss (harmony) parses its tool
+    /// calls itself and is exempt. `tool_choice` defaults to `auto` when `tools` are given.
+    fn check_tool_parsing(&self, req: &ChatCompletionRequest) -> Result<()> {
+        let parser_available =
+            self.options.tool_call_parser.is_some() && self.options.enable_auto_tool_choice;
+        if parser_available || self.harmony {
+            return Ok(());
+        }
+        let defaulted = Value::String("auto".into());
+        let tool_choice = match &req.tool_choice {
+            Some(tc) => tc,
+            None if req.tools.is_some() => &defaulted,
+            None => return Ok(()),
+        };
+        let message = match tool_choice {
+            Value::String(s) if s == "none" => return Ok(()),
+            Value::String(s) if s == "auto" => {
+                if self.options.enable_auto_tool_choice {
+                    return Ok(());
+                }
+                "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser \
+                 to be set"
+                    .to_owned()
+            }
+            Value::Object(o) => {
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                format!("tool_choice=function \"{name}\" requires --tool-call-parser to be set")
+            }
+            Value::String(s) => {
+                format!("tool_choice=\"{s}\" requires --tool-call-parser to be set")
+            }
+            other => format!("tool_choice={other} requires --tool-call-parser to be set"),
+        };
+        Err(Error::bad_request(message))
+    }
+
     /// Template → prompt string only (no tokenization).
     pub fn render_chat_prompt(&self, req: &ChatCompletionRequest) -> Result<RenderedChat> {
         if req.chat_template.is_some() {
@@ -286,6 +361,7 @@ impl Renderer {
             .limits
             .check_tools(req.tools.as_ref().map_or(0, Vec::len))?;
         self.check_chat_chars(&req.messages)?;
+        self.check_tool_parsing(req)?;
         let rendered = self.render_chat_prompt(req)?;
         let (mut ids, offsets) = self.encode_checked(
             &rendered.prompt,
@@ -878,13 +954,12 @@ pub const REASONING_EFFORTS: [&str; 7] =
 fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
     if let Some(effort) = &req.reasoning_effort {
         if !REASONING_EFFORTS.contains(&effort.as_str()) {
-            return Err(Error::validation(
-                format!(
-                    "1 validation error:\n  body.reasoning_effort: Input should be {}; got {effort:?}",
-                    REASONING_EFFORTS.map(|e| format!("'{e}'")).join(", ")
-                ),
-                Some("body.reasoning_effort"),
-            ));
+            use crate::validation::{literal_error, validation_error, Loc};
+            return Err(validation_error(&[literal_error(
+                &[Loc::Key("reasoning_effort".into())],
+                &REASONING_EFFORTS,
+                &Value::String(effort.clone()),
+            )]));
         }
     }
     if req.use_beam_search {
@@ -1052,24 +1127,12 @@ fn validate_completion(req: &CompletionRequest) -> Result<()> {
 }
 
 /// Parses a request body as vLLM would: a JSON object with `messages` is a chat request,
-/// with `prompt` a completion request. Deserialization failures are structural 400s.
+/// with `prompt` a completion request. Deserialization failures are structural 400s naming
+/// the field and the expected type (see [`crate::validation`]).
 pub fn parse_chat_request(body: &Value) -> Result<ChatCompletionRequest> {
-    serde_json::from_value(body.clone()).map_err(|e| structural(&e, "messages"))
+    crate::validation::from_body(body)
 }
 
 pub fn parse_completion_request(body: &Value) -> Result<CompletionRequest> {
-    serde_json::from_value(body.clone()).map_err(|e| structural(&e, "prompt"))
-}
-
-fn structural(e: &serde_json::Error, field: &str) -> Error {
-    let msg = e.to_string();
-    let param = if msg.contains("missing field") {
-        msg.split('`').nth(1).map(|f| format!("body.{f}"))
-    } else {
-        Some(format!("body.{field}"))
-    };
-    Error::Validation {
-        message: format!("1 validation error:\n  {msg}"),
-        param,
-    }
+    crate::validation::from_body(body)
 }

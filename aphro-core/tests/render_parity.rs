@@ -162,12 +162,15 @@ fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
                 "{id}: token ids differ\n  got:  {ids:?}\n  want: {want:?}"
             ));
         }
-        // The full render path gives the same ids.
+        // The full render path gives the same ids. The goldens come from the template alone;
+        // a server rendering tool requests has tool parsing on (else vLLM refuses them).
         let opts = RenderOptions {
             chat_template: template_source(case["chat_template"].as_str().unwrap_or_default()),
             tool_arguments,
             clock: self::clock(case["now"].as_str().unwrap_or("2025-07-15T10:30:00")),
             max_model_len: Some(1 << 20),
+            tool_call_parser: Some("hermes".into()),
+            enable_auto_tool_choice: true,
             ..RenderOptions::default()
         };
         let r = Renderer::new(m.clone(), opts).map_err(|e| e.to_string())?;

@@ -19,6 +19,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Arc::new(model),
         RenderOptions {
             max_model_len: Some(40960),
+            // The chats offer tools: tool parsing on, as a server rendering them has it.
+            tool_call_parser: Some("hermes".into()),
+            enable_auto_tool_choice: true,
             ..Default::default()
         },
     )?;

@@ -57,6 +57,7 @@ class Renderer:
         served_model_name: Union[None, str, Sequence[str]] = None,
         tool_call_parser: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
+        enable_auto_tool_choice: bool = False,
     ) -> None: ...
     @property
     def model(self) -> Model: ...

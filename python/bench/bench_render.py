@@ -73,7 +73,9 @@ def main() -> None:
     assets = os.environ.get("APHRO_ASSETS", str(Path(__file__).resolve().parents[2] / ".assets"))
     model_dir = sys.argv[1] if len(sys.argv) > 1 else f"{assets}/tokenizers/qwen3"
     seconds = float(os.environ.get("BENCH_SECONDS", "3"))
-    r = aphro.Renderer(model_dir, max_model_len=40960)
+    r = aphro.Renderer(
+        model_dir, max_model_len=40960, tool_call_parser="hermes", enable_auto_tool_choice=True
+    )
     print(f"{'chat':<5} {'tokens':>7} {'stat':>6} {'rust ms':>9} {'rust+json ms':>13} {'python ms':>10} {'overhead':>9} {'vs rust+json':>13}")
     for label, turns in (("1k", 6), ("8k", 58)):
         req = tool_chat(turns)

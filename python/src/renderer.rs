@@ -23,6 +23,9 @@ use std::sync::Arc;
 ///     served_model_name: name(s) accepted in the request's `model` field (`None`: any).
 ///     tool_call_parser, reasoning_parser: the server's parser names (vLLM's flags); they
 ///         decide `reasoning_ended` and the sampling adjustments of the rendered request.
+///     enable_auto_tool_choice: vLLM's `--enable-auto-tool-choice`. As in vLLM, a request
+///         with `tools` (whose `tool_choice` defaults to `"auto"`) or a `"required"` / named
+///         `tool_choice` is refused unless both this and `tool_call_parser` are set.
 #[pyclass(module = "aphro", name = "Renderer", frozen)]
 pub struct PyRenderer {
     pub(crate) inner: Arc<Renderer>,
@@ -32,7 +35,7 @@ pub struct PyRenderer {
 #[pymethods]
 impl PyRenderer {
     #[new]
-    #[pyo3(signature = (model=None, *, chat_template=None, chat_template_content_format="auto", max_model_len=None, default_chat_template_kwargs=None, served_model_name=None, tool_call_parser=None, reasoning_parser=None))]
+    #[pyo3(signature = (model=None, *, chat_template=None, chat_template_content_format="auto", max_model_len=None, default_chat_template_kwargs=None, served_model_name=None, tool_call_parser=None, reasoning_parser=None, enable_auto_tool_choice=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -44,6 +47,7 @@ impl PyRenderer {
         served_model_name: Option<&Bound<'_, PyAny>>,
         tool_call_parser: Option<String>,
         reasoning_parser: Option<String>,
+        enable_auto_tool_choice: bool,
     ) -> PyResult<Self> {
         let (spec, m) = load_any(py, model)?;
         let content_format = chat_template_content_format
@@ -101,6 +105,8 @@ impl PyRenderer {
             content_format,
             max_model_len,
             served_model_names,
+            tool_call_parser,
+            enable_auto_tool_choice,
             ..options
         };
         let inner = py.detach(|| Renderer::new(m.clone(), options)).py_err(py)?;

@@ -1166,10 +1166,10 @@ fn assemble(ctx: &ChatContext, parsed: aphro_parsers::ParsedMessage) -> (Respons
     if !ctx.parallel {
         calls.truncate(1);
     }
+    // `assemble_chat_message_fields` (chat_completion/message_assembly.py) keeps the parser's
+    // content as it is, "" included: whitespace-only content next to tool calls is already
+    // `None` from the parser, an empty string stays "". Forced tool choices send `content or ""`.
     let mut content = parsed.content;
-    if !calls.is_empty() && content.as_deref().is_some_and(|c| c.trim().is_empty()) {
-        content = None;
-    }
     if ctx.forced && content.is_none() {
         content = Some(String::new());
     }

@@ -14,7 +14,7 @@ fn default_length_penalty() -> f64 {
     1.0
 }
 
-/// The OpenAI chat-completions request with vLLM's extras. Unknown keys land in `extra`.
+/// The OpenAI chat-completions request with vLLM's extras. Unknown keys are ignored (§1.1).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
     pub messages: Vec<ChatMessage>,
@@ -154,9 +154,6 @@ pub struct ChatCompletionRequest {
     /// Render-only: return `token_offsets` in the result.
     #[serde(default)]
     pub return_token_offsets: bool,
-    /// Unknown keys: accepted and ignored (§1.1).
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
 }
 
 /// One message of `messages`. Roles are free strings (system/developer/user/assistant/tool/…).

@@ -165,8 +165,6 @@ pub struct CompletionRequest {
     pub stream_interval: Option<i64>,
     #[serde(default)]
     pub return_token_offsets: bool,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
 }
 
 impl Default for CompletionRequest {

@@ -1,6 +1,6 @@
 //! Wire types, mirroring `shared/spec/api.md` field by field (vLLM 0.33.0).
 //!
-//! Requests accept unknown keys (kept in `extra`, never read) as vLLM does. Responses
+//! Requests accept unknown keys (ignored) as vLLM does. Responses
 //! serialize with nulls present unless the spec says otherwise.
 //! Submodules: [`chat`] (chat-completions request, messages, tools), [`completion`],
 //! [`sampling`] (`SamplingParams` with vLLM's validation and "omit defaults" dump),

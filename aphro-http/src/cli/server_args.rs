@@ -211,6 +211,8 @@ pub fn build_renderer(
         served_model_names: Some(served.to_vec()),
         strict_template_kwargs: !front.no_strict_chat_template_kwargs,
         limits,
+        tool_call_parser: front.tool_call_parser.clone(),
+        enable_auto_tool_choice: front.enable_auto_tool_choice,
         ..RenderOptions::default()
     };
     if let Some(raw) = &front.default_chat_template_kwargs {
