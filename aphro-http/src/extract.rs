@@ -144,42 +144,35 @@ pub fn is_json_content_type(value: Option<&str>) -> bool {
 /// Strict: bytes after the JSON value (other than whitespace) are refused, as Python's
 /// `json.loads` refuses them.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|err| {
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        let msg = inner.to_string();
-        // serde reports a missing field at its parent's path; name the field itself.
-        let field = msg
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split('`').next())
-            .map(str::to_owned);
-        let mut loc = String::from("body");
-        if path != "." && !path.is_empty() {
-            loc.push('.');
-            loc.push_str(&path);
-        }
-        if let Some(f) = field {
-            loc.push('.');
-            loc.push_str(&f);
-        }
-        let what = if inner.is_syntax() || inner.is_eof() {
-            format!("JSON decode error: {msg}")
-        } else {
-            msg
-        };
-        ApiError::validation(format!(
-            "1 validation error:\n  {{'loc': '{loc}', 'msg': '{what}'}}"
-        ))
-        .with_param(loc)
-    })?;
-    de.end().map_err(|e| {
+    let decode_error = |e: serde_json::Error| {
         ApiError::validation(format!(
             "1 validation error:\n  {{'loc': 'body', 'msg': 'JSON decode error: {e}'}}"
         ))
         .with_param("body")
-    })?;
-    Ok(value)
+    };
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    // The typed parse is the fast path (token ids straight into their vectors); only a body
+    // that fails it is read again as a JSON value, to name the failing field the one way
+    // every entry point does (`aphro_core::validation`, pydantic's wording).
+    match T::deserialize(&mut *de) {
+        Ok(value) => {
+            de.end().map_err(decode_error)?;
+            Ok(value)
+        }
+        Err(e) if e.is_syntax() || e.is_eof() => Err(decode_error(e)),
+        Err(e) => {
+            let body: serde_json::Value = serde_json::from_slice(bytes).map_err(decode_error)?;
+            match aphro_core::validation::from_body::<T>(&body) {
+                Err(diag) => Err(diag.into()),
+                // Typed and untyped parses disagree only on oddities (duplicate keys): keep
+                // serde's own message.
+                Ok(_) => Err(ApiError::validation(format!(
+                    "1 validation error:\n  {{'loc': 'body', 'msg': '{e}'}}"
+                ))
+                .with_param("body")),
+            }
+        }
+    }
 }
 
 impl<T, S> FromRequest<S> for JsonBody<T>

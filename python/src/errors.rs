@@ -59,32 +59,11 @@ impl<T> CoreResultExt<T> for aphro_core::Result<T> {
     }
 }
 
-/// Deserializes a typed body from a JSON value with the HTTP extractor's error text:
-/// `1 validation error:\n  {'loc': 'body.<path>', 'msg': '<serde message>'}`, `param` the path.
+/// Deserializes a typed body from a JSON value; a failure is the structural 400 every entry
+/// point gives (`aphro_core::validation`: the field's path and pydantic's wording).
 pub fn from_value<T: serde::de::DeserializeOwned>(
     py: Python<'_>,
     v: serde_json::Value,
 ) -> PyResult<T> {
-    serde_path_to_error::deserialize(v).map_err(|err| {
-        let path = err.path().to_string();
-        let msg = err.into_inner().to_string();
-        let field = msg
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split('`').next())
-            .map(str::to_owned);
-        let mut loc = String::from("body");
-        if path != "." && !path.is_empty() {
-            loc.push('.');
-            loc.push_str(&path);
-        }
-        if let Some(f) = field {
-            loc.push('.');
-            loc.push_str(&f);
-        }
-        validation(
-            py,
-            &format!("1 validation error:\n  {{'loc': '{loc}', 'msg': '{msg}'}}"),
-            Some(&loc),
-        )
-    })
+    aphro_core::validation::from_body::<T>(&v).map_err(|e| core(py, &e))
 }

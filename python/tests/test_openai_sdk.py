@@ -232,3 +232,48 @@ def test_chat_echo(client):
         model=MODEL, messages=messages[:1], max_tokens=3, temperature=0,
         extra_body={"ignore_eos": True})
     assert q.choices[0].message.content == q_plain.choices[0].message.content
+
+
+# --- the 400s vLLM gives where a server must not guess ---
+
+
+def _bad(call, match: str, param: str | None = "unset"):
+    with pytest.raises(openai.BadRequestError, match=match) as ei:
+        call()
+    body = ei.value.body
+    if param != "unset":
+        assert body["param"] == param, body
+    return body
+
+
+def test_requests_vllm_refuses(client):
+    user = {"role": "user", "content": "hi"}
+    chat = client.chat.completions.create
+    _bad(lambda: chat(model=MODEL, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "hologram", "data": "x"}]}], max_tokens=2),
+        "Unsupported chat content part type: 'hologram'", "type")
+    _bad(lambda: chat(model=MODEL, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}], max_tokens=2),
+        "is not a multimodal model")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    _bad(lambda: chat(model=MODEL, messages=[user], tools=[tool], max_tokens=2),
+         '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser')
+    _bad(lambda: chat(model=MODEL, messages=[user], tools=[tool], tool_choice="required",
+                      max_tokens=2),
+         'tool_choice="required" requires --tool-call-parser')
+    # tool_choice "none" renders without a parser, as in vLLM.
+    assert chat(model=MODEL, messages=[user], tools=[tool], tool_choice="none",
+                max_tokens=2).choices[0].message.content is not None
+    # An empty list renders when the template copes with one (SmolLM2's loops over nothing),
+    # as in vLLM; a template that fails on it gets a 400 naming `messages` (core tests).
+    assert chat(model=MODEL, messages=[], max_tokens=2).usage.prompt_tokens > 0
+    # Structural errors name the field and the type expected, as pydantic does.
+    body = _bad(lambda: chat(model=MODEL, messages=[user], max_tokens=2,
+                             extra_body={"temperature": "hot"}),
+                "Input should be a valid number", "body.temperature")
+    assert body["type"] == "Bad Request"
+    _bad(lambda: chat(model=MODEL, messages=[user], max_tokens=2, extra_body={"session_id": 123}),
+         "Input should be a valid string", "body.session_id")
+    _bad(lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=2,
+                                           extra_body={"stop_token_ids": [1, "x"]}),
+         "valid integer", "body.stop_token_ids.1")

@@ -25,6 +25,13 @@ pub struct Args {
     /// Context length override.
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// vLLM's --tool-call-parser: with --enable-auto-tool-choice, requests may offer tools
+    /// (without both, tool choices other than "none" are refused, as vLLM's render does).
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
+    /// vLLM's --enable-auto-tool-choice.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
     /// Request file (default: stdin).
     #[arg(long)]
     pub input: Option<PathBuf>,
@@ -79,6 +86,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             chat_template,
             content_format,
             max_model_len: args.max_model_len,
+            tool_call_parser: args.tool_call_parser.clone(),
+            enable_auto_tool_choice: args.enable_auto_tool_choice,
             ..RenderOptions::default()
         },
     )?;
