@@ -485,6 +485,7 @@ impl Renderer {
     ) -> Result<Vec<GenerateRequest>> {
         validate_completion(req)?;
         self.check_model(req.model.as_deref())?;
+        check_suffix(req)?;
         let prompts = match (&req.prompt, &req.prompt_embeds) {
             (Some(p), _) => p.clone().into_prompts(),
             (None, Some(_)) => {
@@ -930,8 +931,20 @@ fn truncate_prompt(
             k,
         ));
     }
+    if usize::try_from(k).is_ok_and(|k| k > max_model_len) {
+        return Err(Error::invalid_param(
+            format!(
+                "truncate_prompt_tokens={k} cannot be greater than max_model_len = \
+                 {max_model_len}. Please request a smaller truncation size."
+            ),
+            "truncate_prompt_tokens",
+            k,
+        ));
+    }
+    // -1: as long as the context allows while leaving one token to generate (vLLM's
+    // `max_truncation_tokens`), so a truncated prompt never ends in a zero-token budget.
     let keep = if k == -1 {
-        max_model_len
+        max_model_len.saturating_sub(1)
     } else {
         usize::try_from(k).unwrap_or(usize::MAX)
     };
@@ -944,6 +957,36 @@ fn truncate_prompt(
         }
     }
     Ok(())
+}
+
+/// `suffix` as vLLM's `render_completion` refuses it: no model aphro serves renders
+/// fill-in-the-middle, so every suffix is refused, after the checks vLLM makes first.
+fn check_suffix(req: &CompletionRequest) -> Result<()> {
+    if req.suffix.is_none() {
+        return Ok(());
+    }
+    // vLLM's `create_error_response(message, param="suffix")`: the message as is.
+    let refuse = |m: &str| {
+        Err(Error::BadRequest {
+            message: m.to_owned(),
+            param: Some("suffix".to_owned()),
+        })
+    };
+    if req.echo {
+        return refuse("Echo is unsupported with suffix.");
+    }
+    if req.prompt_embeds.is_some() {
+        return refuse("suffix is not supported with prompt_embeds");
+    }
+    if req.truncate_prompt_tokens.is_some() {
+        return refuse("suffix is not supported with truncate_prompt_tokens");
+    }
+    match &req.prompt {
+        Some(PromptInput::Text(_) | PromptInput::Texts(_)) => {
+            refuse("suffix is only supported for models with FIM completion rendering")
+        }
+        _ => refuse("suffix requires text prompt input for FIM completion rendering"),
+    }
 }
 
 /// Request-level checks of §8.1 (those not covered by `SamplingParams`).

@@ -277,3 +277,21 @@ def test_requests_vllm_refuses(client):
     _bad(lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=2,
                                            extra_body={"stop_token_ids": [1, "x"]}),
          "valid integer", "body.stop_token_ids.1")
+
+
+def test_suffix_and_truncation(client):
+    complete = client.completions.create
+    _bad(lambda: complete(model=MODEL, prompt="def f(", suffix="):", max_tokens=2),
+         "suffix is only supported for models with FIM completion rendering", "suffix")
+    _bad(lambda: complete(model=MODEL, prompt="def f(", suffix="):", echo=True, max_tokens=2),
+         "Echo is unsupported with suffix.", "suffix")
+    max_len = client.models.retrieve(MODEL).model_extra["max_model_len"]
+    _bad(lambda: complete(model=MODEL, prompt="hi", max_tokens=2,
+                          extra_body={"truncate_prompt_tokens": max_len + 1}),
+         f"truncate_prompt_tokens={max_len + 1} cannot be greater than max_model_len = {max_len}",
+         "truncate_prompt_tokens")
+    # -1 keeps as much as fits while leaving one token to generate.
+    long = "one two three " * max_len
+    r = complete(model=MODEL, prompt=long, max_tokens=1, extra_body={"truncate_prompt_tokens": -1})
+    assert r.usage.prompt_tokens == max_len - 1
+    assert r.usage.completion_tokens == 1

@@ -50,7 +50,6 @@ pub fn check_openai(body: &Value) -> Result<(), ApiError> {
         "logprob_token_ids",
         "prompt_logprob_token_ids",
         "prompt_embeds",
-        "suffix",
         "thinking_token_budget",
         "repetition_detection",
     ] {
