@@ -59,3 +59,44 @@ fn default_chat_template_kwargs_reach_the_template() {
         "unset"
     );
 }
+
+/// A model whose generation config sets `skip_special_tokens: false` shows special tokens
+/// in derendered text unless the request says otherwise (vLLM fills the request's unset
+/// field from the model's defaults).
+#[test]
+fn generation_config_skip_special_tokens_reaches_derender() {
+    use aphro_core::protocol::DerenderCompletionRequest;
+    use aphro_core::{DerenderOptions, Derenderer};
+    let load = |skip: Option<bool>| {
+        let mut m =
+            Model::load(&common::asset(common::SMOLLM2_GGUF).to_string_lossy()).expect("model");
+        m.generation_defaults.skip_special_tokens = skip;
+        Derenderer::new(Arc::new(m), DerenderOptions::default()).expect("derenderer")
+    };
+    // "<|im_start|>" (id 1) between two ordinary tokens.
+    let body = |extra: serde_json::Value| -> DerenderCompletionRequest {
+        let mut req = json!({"prompt": "x", "max_tokens": 3});
+        for (k, v) in extra.as_object().expect("object") {
+            req[k] = v.clone();
+        }
+        serde_json::from_value(json!({
+            "generate_responses": [{"request_id": "r", "choices": [
+                {"index": 0, "token_ids": [34, 1, 35], "finish_reason": "length"}]}],
+            "completion_request": req,
+        }))
+        .expect("derender body")
+    };
+    let text = |d: &Derenderer, extra| {
+        d.derender_completion(body(extra))
+            .expect("derender")
+            .choices[0]
+            .text
+            .clone()
+    };
+    assert_eq!(text(&load(None), json!({})), "23");
+    assert_eq!(text(&load(Some(false)), json!({})), "2<|im_start|>3");
+    assert_eq!(
+        text(&load(Some(false)), json!({"skip_special_tokens": true})),
+        "23"
+    );
+}

@@ -281,6 +281,16 @@ impl Derenderer {
         }
     }
 
+    /// `skip_special_tokens` when the request leaves it out: the model's generation config,
+    /// else true (vLLM's default sampling params).
+    fn default_skip_special_tokens(&self) -> bool {
+        self.inner
+            .model
+            .generation_defaults
+            .skip_special_tokens
+            .unwrap_or(true)
+    }
+
     fn show(&self, as_ids: bool) -> TokenShow<'_> {
         TokenShow {
             tokenizer: self.inner.model.tokenizer.hf(),
@@ -482,7 +492,8 @@ impl Derenderer {
         let skip = if has_parser {
             false
         } else {
-            req.skip_special_tokens.unwrap_or(true)
+            req.skip_special_tokens
+                .unwrap_or_else(|| self.default_skip_special_tokens())
         };
         let detok = DetokenizeOptions {
             skip_special_tokens: skip,
@@ -531,7 +542,9 @@ impl Derenderer {
                 return_token_ids: false,
             },
             Some(r) => {
-                let skip = r.skip_special_tokens.unwrap_or(true);
+                let skip = r
+                    .skip_special_tokens
+                    .unwrap_or_else(|| self.default_skip_special_tokens());
                 let stops = r.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
                 CompletionContext {
                     detok: DetokenizeOptions {
