@@ -712,3 +712,50 @@ fn max_model_len_parses_vllm_spellings() {
         assert!(p(bad).is_err(), "{bad:?}");
     }
 }
+
+/// `stream_interval`: the first token goes out at once, then events of `stream_interval`
+/// tokens, and the finishing event with what is left; tokens, text and logprobs all arrive
+/// and match the unbatched stream.
+#[test]
+fn stream_interval_batches_events() {
+    let s = engine(small());
+    let prompt = ids(&case("chat-hello")["prompt_token_ids"]);
+    let run = |interval: Option<i64>| {
+        let mut sp = json!({"temperature": 0.0, "max_tokens": 10, "ignore_eos": true,
+                            "logprobs": 1});
+        if let Some(n) = interval {
+            sp["stream_interval"] = json!(n);
+        }
+        let mut req = request("si", prompt.clone(), sp);
+        req.stream = Some(true);
+        req.output_mode = "text".into();
+        let mut stream = s.generate(req, None).expect("accepted");
+        let mut events = Vec::new();
+        block_on(async {
+            while let Some(ev) = stream.next_event().await {
+                events.push(ev.expect("no error").to_json());
+            }
+        });
+        let choices: Vec<Value> = events
+            .iter()
+            .filter_map(|e| e["choices"].get(0).cloned())
+            .collect();
+        let sizes: Vec<usize> = choices
+            .iter()
+            .map(|c| c["token_ids"].as_array().map_or(0, Vec::len))
+            .collect();
+        let text: String = choices.iter().filter_map(|c| c["text"].as_str()).collect();
+        let logprobs: usize = choices
+            .iter()
+            .map(|c| c["logprobs"]["content"].as_array().map_or(0, Vec::len))
+            .sum();
+        (sizes, text, logprobs)
+    };
+    let (plain, plain_text, plain_lp) = run(None);
+    assert_eq!(plain.iter().sum::<usize>(), 10);
+    let (batched, text, lp) = run(Some(4));
+    assert_eq!(batched, vec![1, 4, 4, 1], "{batched:?}");
+    assert_eq!(text, plain_text);
+    assert_eq!((lp, plain_lp), (10, 10));
+    assert_idle(&s);
+}

@@ -784,6 +784,12 @@ impl ServingEngine {
             usage_sent: false,
             prompt_logprobs: None,
             want_prompt_logprobs: sp.prompt_logprobs.is_some(),
+            stream_interval: sp
+                .stream_interval
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(1)
+                .max(1),
+            held: HashMap::new(),
             tokenizer: self.tokenizer.clone(),
             kv_transfer_params: req.kv_transfer_params.clone(),
             ec_transfer_params: req.ec_transfer_params.clone(),
@@ -980,6 +986,11 @@ pub struct ServingStream {
     usage_sent: bool,
     want_prompt_logprobs: bool,
     prompt_logprobs: Option<Vec<Option<PositionLogprobs>>>,
+    /// `stream_interval`: a choice's stream events carry this many tokens (its first token
+    /// and its last event go out at once), as vLLM's output processor batches them.
+    stream_interval: usize,
+    /// Per choice, the deltas held back until `stream_interval` tokens gathered.
+    held: HashMap<usize, ChoiceDelta>,
     tokenizer: Option<Arc<Tokenizer>>,
     kv_transfer_params: Option<Value>,
     ec_transfer_params: Option<Value>,
@@ -1039,10 +1050,37 @@ impl ServingStream {
         })
     }
 
+    /// [`Self::next_delta`] in `stream_interval` batches: a choice's deltas are held until
+    /// they hold `stream_interval` tokens, except its first token and its finishing delta.
+    async fn next_batched_delta(&mut self) -> Option<Result<(usize, ChoiceDelta), ServingError>> {
+        loop {
+            let item = self.next_delta().await;
+            if self.stream_interval <= 1 {
+                return item;
+            }
+            let (idx, d) = match item {
+                Some(Ok(x)) => x,
+                other => return other,
+            };
+            let first = self.choices[idx].completion_tokens == d.token_ids.len();
+            let d = match self.held.remove(&idx) {
+                Some(mut held) => {
+                    held.append(d);
+                    held
+                }
+                None => d,
+            };
+            if first || d.finish_reason.is_some() || d.token_ids.len() >= self.stream_interval {
+                return Some(Ok((idx, d)));
+            }
+            self.held.insert(idx, d);
+        }
+    }
+
     /// The next §4.3 stream event, or `None` after the last one. An `Err` is the final item.
     pub async fn next_event(&mut self) -> Option<Result<GenerateStreamEvent, ServingError>> {
         loop {
-            match self.next_delta().await {
+            match self.next_batched_delta().await {
                 Some(Err(e)) => {
                     self.usage_sent = true;
                     return Some(Err(e));

@@ -55,6 +55,35 @@ pub(crate) struct ChoiceDelta {
     pub stop_reason: Option<StopReason>,
 }
 
+impl ChoiceDelta {
+    /// Appends a later delta of the same choice (`stream_interval` batching).
+    pub fn append(&mut self, later: ChoiceDelta) {
+        self.token_ids.extend(later.token_ids);
+        if let Some(t) = later.text {
+            self.text.get_or_insert_with(String::new).push_str(&t);
+        }
+        self.logprobs = match (self.logprobs.take(), later.logprobs) {
+            (Some(ChoiceLogProbs::Tokens(mut a)), Some(ChoiceLogProbs::Tokens(b))) => {
+                a.content
+                    .get_or_insert_with(Vec::new)
+                    .extend(b.content.unwrap_or_default());
+                Some(ChoiceLogProbs::Tokens(a))
+            }
+            (Some(ChoiceLogProbs::Chat(mut a)), Some(ChoiceLogProbs::Chat(b))) => {
+                a.content
+                    .get_or_insert_with(Vec::new)
+                    .extend(b.content.unwrap_or_default());
+                Some(ChoiceLogProbs::Chat(a))
+            }
+            (a, b) => b.or(a),
+        };
+        if later.finish_reason.is_some() {
+            self.finish_reason = later.finish_reason;
+            self.stop_reason = later.stop_reason;
+        }
+    }
+}
+
 /// Turns one choice's engine outputs into wire deltas.
 pub(crate) struct ChoiceState {
     text: Option<TextState>,
