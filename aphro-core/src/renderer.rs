@@ -989,6 +989,26 @@ fn check_suffix(req: &CompletionRequest) -> Result<()> {
     }
 }
 
+/// vLLM's `validate_cache_salt`: a salt is a key into every cache backend, so it is short
+/// and free of path and key separators.
+fn validate_cache_salt(salt: Option<&str>) -> Result<()> {
+    let Some(salt) = salt else { return Ok(()) };
+    if salt.is_empty() {
+        return Err(Error::for_param(
+            "Parameter 'cache_salt' must be a non-empty string if provided.",
+            "cache_salt",
+        ));
+    }
+    if salt.chars().count() > 128 || salt.contains(['@', '/', '\\', '\0']) {
+        return Err(Error::for_param(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', \
+             '/', '\\\\', or NUL.",
+            "cache_salt",
+        ));
+    }
+    Ok(())
+}
+
 /// Request-level checks of §8.1 (those not covered by `SamplingParams`).
 /// OpenAI's `reasoning_effort` values plus vLLM's `max` (spec §8.1).
 pub const REASONING_EFFORTS: [&str; 7] =
@@ -1107,15 +1127,7 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
             None,
         ));
     }
-    if let Some(salt) = &req.cache_salt {
-        let n = salt.chars().count();
-        if !(1..=1024).contains(&n) {
-            return Err(Error::validation(
-                "cache_salt must be between 1 and 1024 characters.",
-                Some("cache_salt"),
-            ));
-        }
-    }
+    validate_cache_salt(req.cache_salt.as_deref())?;
     if let Some(rf) = &req.response_format {
         if rf.get("type").and_then(Value::as_str) == Some("json_schema")
             && rf.get("json_schema").is_none_or(Value::is_null)
@@ -1157,15 +1169,7 @@ fn validate_completion(req: &CompletionRequest) -> Result<()> {
             ));
         }
     }
-    if let Some(salt) = &req.cache_salt {
-        let n = salt.chars().count();
-        if !(1..=1024).contains(&n) {
-            return Err(Error::validation(
-                "cache_salt must be between 1 and 1024 characters.",
-                Some("cache_salt"),
-            ));
-        }
-    }
+    validate_cache_salt(req.cache_salt.as_deref())?;
     Ok(())
 }
 

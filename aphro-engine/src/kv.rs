@@ -30,11 +30,30 @@ pub struct SeqBlocks {
     pub table: Vec<u32>,
     /// Leading blocks already registered in (or checked against) the prefix cache.
     hashed: usize,
-    /// Hash of the last block counted in `hashed`.
+    /// Hash of the last block counted in `hashed` (the root while none is).
     last_hash: Option<BlockHash>,
+    /// Where the chain starts: `None`, or the hash of the request's `cache_salt`.
+    root: Option<BlockHash>,
 }
 
 impl SeqBlocks {
+    /// An empty sequence whose block-hash chain starts from `salt` (vLLM mixes a request's
+    /// `cache_salt` into its first block's hash): blocks are shared only under the same salt.
+    #[allow(deprecated)]
+    pub fn salted(salt: Option<&str>) -> Self {
+        let root = salt.map(|s| {
+            let mut h =
+                std::hash::SipHasher::new_with_keys(0x6170_6872_6f73_616c, 0x7473_616c_7473_616c);
+            s.hash(&mut h);
+            h.finish()
+        });
+        Self {
+            last_hash: root,
+            root,
+            ..Self::default()
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
@@ -150,7 +169,8 @@ impl BlockManager {
         }
         self.stats.queries += tokens.len() as u64;
         let max_blocks = (tokens.len() - 1) / self.block_size;
-        let mut parent = None;
+        // The chain's root: `None`, or the request's salt.
+        let mut parent = seq.last_hash;
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
             let h = hash_block(parent, chunk);
             let Some(&b) = self.cached.get(&h) else { break };
@@ -288,13 +308,46 @@ impl BlockManager {
                 }
             }
         }
-        *seq = SeqBlocks::default();
+        // A preempted sequence is computed again under its own salt.
+        *seq = SeqBlocks {
+            last_hash: seq.root,
+            root: seq.root,
+            ..SeqBlocks::default()
+        };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_salt_separates_prefix_hits() {
+        let mut m = BlockManager::new(16, 4, true);
+        let toks: Vec<u32> = (0..10).collect();
+        let fill = |m: &mut BlockManager, salt: Option<&str>| {
+            let mut s = SeqBlocks::salted(salt);
+            let hit = m.match_prefix(&mut s, &toks);
+            m.allocate(&mut s, hit, 10).expect("room");
+            m.commit(&mut s, &toks, 10);
+            (hit, s)
+        };
+        let (hit, mut a) = fill(&mut m, Some("tenant-a"));
+        assert_eq!(hit, 0);
+        // Same prompt, other salt or none: nothing shared.
+        let (hit, mut b) = fill(&mut m, Some("tenant-b"));
+        assert_eq!(hit, 0);
+        let (hit, mut c) = fill(&mut m, None);
+        assert_eq!(hit, 0);
+        // Same salt: both full blocks hit.
+        let (hit, mut d) = fill(&mut m, Some("tenant-a"));
+        assert_eq!(hit, 8);
+        for s in [&mut a, &mut b, &mut c, &mut d] {
+            m.free(s);
+        }
+        // A freed (preempted) sequence keeps its salt.
+        assert_eq!(m.match_prefix(&mut a, &toks), 8);
+    }
 
     #[test]
     fn prefix_hits_reuse_full_blocks_and_lru_evicts_oldest() {

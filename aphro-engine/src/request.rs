@@ -89,6 +89,9 @@ pub struct EngineRequest {
     pub sampling: SamplingConfig,
     /// Lower runs first (vLLM priority scheduling); ties are first-come first-served.
     pub priority: i64,
+    /// `cache_salt`: prefix-cache blocks are shared only between requests with the same
+    /// salt (or none), so one tenant cannot probe another's prompts by timing hits.
+    pub cache_salt: Option<String>,
 }
 
 impl EngineRequest {
@@ -102,6 +105,7 @@ impl EngineRequest {
             prompt_token_ids,
             sampling,
             priority: 0,
+            cache_salt: None,
         }
     }
 }

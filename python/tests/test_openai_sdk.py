@@ -295,3 +295,34 @@ def test_suffix_and_truncation(client):
     r = complete(model=MODEL, prompt=long, max_tokens=1, extra_body={"truncate_prompt_tokens": -1})
     assert r.usage.prompt_tokens == max_len - 1
     assert r.usage.completion_tokens == 1
+
+
+def _metric(client, name: str) -> float:
+    text = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics").text
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name + "{"))
+
+
+def test_cache_salt(client):
+    _bad(lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=1,
+                                           extra_body={"cache_salt": "a/b"}),
+         "Parameter 'cache_salt' must be at most 128 characters", "cache_salt")
+    _bad(lambda: client.completions.create(model=MODEL, prompt="hi", max_tokens=1,
+                                           extra_body={"cache_salt": ""}),
+         "must be a non-empty string", "cache_salt")
+    prompt = "The quick brown fox jumps over the lazy dog. " * 8  # several full KV blocks
+
+    def hits(salt):
+        done = _metric(client, "vllm:request_success_total")
+        before = _metric(client, "vllm:prefix_cache_hits_total")
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=1,
+                                  extra_body={"cache_salt": salt})
+        deadline = time.time() + 30
+        # A request's metrics land just after its response.
+        while _metric(client, "vllm:request_success_total") == done:
+            assert time.time() < deadline, "request metrics never arrived"
+            time.sleep(0.02)
+        return _metric(client, "vllm:prefix_cache_hits_total") - before
+
+    hits("tenant-a")
+    assert hits("tenant-a") > 0          # same salt: the prompt's blocks are reused
+    assert hits("tenant-b") == 0         # another tenant's salt: nothing shared

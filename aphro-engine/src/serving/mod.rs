@@ -731,6 +731,7 @@ impl ServingEngine {
             prompt_token_ids: req.token_ids.clone(),
             sampling,
             priority: req.priority,
+            cache_salt: req.cache_salt.clone(),
         };
         self.engine.validate(&ereq)?;
 
