@@ -47,9 +47,11 @@ pub struct EngineArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// Weight precision: `auto` keeps a GGUF's quantization, `float32` dequantizes everything
-    /// (the exact-parity path), `bfloat16`/`float16` store weights in 16 bits.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub dtype: DType,
+    /// (the exact-parity path), `bfloat16`/`float16` store weights in 16 bits. Default: `auto`,
+    /// except `float32` for the embedded default model (its 4-bit weights with 8-bit
+    /// activations answer badly; see the README).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DType>,
     /// Where the model runs: `cpu`, `cuda` (`cuda:N`), or `auto` (the first CUDA GPU when
     /// this build has the `cuda` feature and a usable driver, else the CPU).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
@@ -98,6 +100,17 @@ impl EngineArgs {
         }
     }
 
+    /// `--dtype`, or its default: `float32` for the embedded default model, measured to be
+    /// the precision at which it answers correctly (`scripts/measure_precision.py`), `auto`
+    /// for every model the user names.
+    pub fn effective_dtype(&self) -> DType {
+        self.dtype.unwrap_or(if self.model.is_none() {
+            DType::Float32
+        } else {
+            DType::Auto
+        })
+    }
+
     /// Prefix caching is on unless `--no-enable-prefix-caching` (vLLM's default).
     pub fn prefix_caching(&self, default: bool) -> bool {
         if self.no_enable_prefix_caching {
@@ -115,7 +128,7 @@ impl EngineArgs {
         }
         Ok(ServingConfig {
             model: self.model()?,
-            dtype: self.dtype.into(),
+            dtype: self.effective_dtype().into(),
             device: self.device,
             kv_cache_memory: self.kv_cache_memory,
             block_size: self.block_size,
@@ -206,4 +219,32 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn the_embedded_default_runs_in_float32_unless_told_otherwise() {
+        let dtype = |args: &[&str]| {
+            let mut argv = vec!["aphro"];
+            argv.extend_from_slice(args);
+            Cli::parse_from(argv).engine.effective_dtype()
+        };
+        assert_eq!(dtype(&[]), DType::Float32);
+        assert_eq!(dtype(&["--dtype", "auto"]), DType::Auto);
+        assert_eq!(dtype(&["--model", "m.gguf"]), DType::Auto);
+        assert_eq!(
+            dtype(&["--model", "m.gguf", "--dtype", "bfloat16"]),
+            DType::Bfloat16
+        );
+    }
 }
