@@ -1128,6 +1128,7 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
         ));
     }
     validate_cache_salt(req.cache_salt.as_deref())?;
+    validate_response_format_type(req.response_format.as_ref())?;
     if let Some(rf) = &req.response_format {
         if rf.get("type").and_then(Value::as_str) == Some("json_schema")
             && rf.get("json_schema").is_none_or(Value::is_null)
@@ -1141,7 +1142,23 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
     Ok(())
 }
 
+/// `response_format.type` is one of the formats vLLM's `AnyResponseFormat` union declares; an
+/// unknown one is pydantic's structural 400 rather than an unconstrained answer.
+fn validate_response_format_type(rf: Option<&Value>) -> Result<()> {
+    const TYPES: [&str; 4] = ["text", "json_object", "json_schema", "structural_tag"];
+    let Some(kind) = rf.and_then(|rf| rf.get("type")) else {
+        return Ok(());
+    };
+    if kind.as_str().is_some_and(|k| TYPES.contains(&k)) {
+        return Ok(());
+    }
+    use crate::validation::{literal_error, validation_error, Loc};
+    let loc = [Loc::Key("response_format".into()), Loc::Key("type".into())];
+    Err(validation_error(&[literal_error(&loc, &TYPES, kind)]))
+}
+
 fn validate_completion(req: &CompletionRequest) -> Result<()> {
+    validate_response_format_type(req.response_format.as_ref())?;
     if req.use_beam_search {
         return Err(Error::bad_request(
             "Beam search is not supported by the render endpoint",

@@ -100,3 +100,28 @@ fn generation_config_skip_special_tokens_reaches_derender() {
         "23"
     );
 }
+
+/// An unknown `response_format` type is refused as pydantic refuses it, on render too.
+#[test]
+fn unknown_response_format_type_is_a_structural_400() {
+    let model = Arc::new(
+        Model::load(&common::asset(common::SMOLLM2_GGUF).to_string_lossy()).expect("model"),
+    );
+    let r = Renderer::new(model, RenderOptions::default()).expect("renderer");
+    let err = r
+        .render_chat(&chat(
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                                   "response_format": {"type": "xml"}}),
+        ))
+        .expect_err("refused");
+    assert_eq!(err.param(), Some("body.response_format.type"));
+    assert!(err.to_string().contains("literal_error"), "{err}");
+    assert!(err.to_string().contains("'json_schema'"), "{err}");
+    for ok in ["text", "json_object"] {
+        r.render_chat(&chat(
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                                   "response_format": {"type": ok}}),
+        ))
+        .expect("accepted");
+    }
+}
