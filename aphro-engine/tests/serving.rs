@@ -759,3 +759,42 @@ fn stream_interval_batches_events() {
     assert_eq!((lp, plain_lp), (10, 10));
     assert_idle(&s);
 }
+
+/// What the engine cannot do yet is refused by name at the library entry point, so the HTTP
+/// route, `aphro generate` and the Python `Engine` all refuse it.
+#[test]
+fn unsupported_generate_fields_are_refused_by_name() {
+    let s = engine(small());
+    let prompt = ids(&case("chat-hello")["prompt_token_ids"]);
+    for (body, param) in [
+        (
+            json!({"sampling_params": {"max_tokens": 2, "thinking_token_budget": 8}}),
+            "thinking_token_budget",
+        ),
+        (
+            json!({"sampling_params": {"max_tokens": 2, "repetition_detection": {"max_pattern_size": 4}}}),
+            "repetition_detection",
+        ),
+        (
+            json!({"sampling_params": {"max_tokens": 2}, "content_parts": [{"type": "image"}]}),
+            "content_parts",
+        ),
+        (
+            json!({"sampling_params": {"max_tokens": 2}, "features": {"mm_hashes": {}}}),
+            "features",
+        ),
+    ] {
+        let mut b = body;
+        b["request_id"] = json!("u");
+        b["token_ids"] = json!(prompt);
+        let req = parse_generate_request(&b).expect("parses");
+        let err = s.generate(req, None).err().expect("refused");
+        assert_eq!(err.param(), Some(param), "{err}");
+        assert!(err.to_string().contains("not supported"), "{err}");
+    }
+    // Empty or null values are not requests for the feature.
+    let b = json!({"request_id": "ok", "token_ids": prompt, "sampling_params": {"max_tokens": 1},
+                   "content_parts": [], "features": null});
+    let req = parse_generate_request(&b).expect("parses");
+    block_on(s.generate_full(req, None)).expect("accepted");
+}

@@ -702,7 +702,26 @@ impl ServingEngine {
                 sp.prompt_logprob_token_ids.is_some(),
             ),
             ("structured_outputs", sp.structured_outputs.is_some()),
+            ("thinking_token_budget", sp.thinking_token_budget.is_some()),
+            (
+                "repetition_detection",
+                sp.repetition_detection
+                    .as_ref()
+                    .is_some_and(|v| !v.is_null()),
+            ),
+            (
+                "features",
+                req.features
+                    .as_ref()
+                    .is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|m| !m.is_empty())),
+            ),
+            (
+                "content_parts",
+                req.content_parts.as_ref().is_some_and(|p| !p.is_empty()),
+            ),
         ];
+        // Here rather than in a route, so every entry point (HTTP, `aphro generate`, Python)
+        // refuses what the engine cannot do instead of ignoring it.
         if let Some((name, _)) = unsupported.iter().find(|(_, set)| *set) {
             return Err(ServingError::Request(aphro_core::Error::BadRequest {
                 message: format!("{name} is not supported by this engine yet."),

@@ -101,7 +101,6 @@ async fn generate(
     let parsed = json_body(&headers, &body)?;
     drop(body);
     let value = &parsed.rest;
-    super::unsupported::check_generate(value)?;
     let engine = engine(&state)?.clone();
     if let Some(model) = value.get("model").and_then(Value::as_str) {
         state.resolve_model(Some(model))?;

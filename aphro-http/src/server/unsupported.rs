@@ -60,34 +60,6 @@ pub fn check_openai(body: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Checks a `GenerateRequest` body.
-pub fn check_generate(body: &Value) -> Result<(), ApiError> {
-    if let Some(sp) = body.get("sampling_params") {
-        if is_set(sp.get("structured_outputs")) {
-            return Err(refuse(
-                "structured_outputs",
-                "Structured output (guided decoding)",
-            ));
-        }
-        for key in [
-            "logprob_token_ids",
-            "prompt_logprob_token_ids",
-            "thinking_token_budget",
-            "repetition_detection",
-        ] {
-            if is_set(sp.get(key)) {
-                return Err(refuse(key, key));
-            }
-        }
-    }
-    for key in ["features", "content_parts"] {
-        if is_set(body.get(key)) {
-            return Err(refuse(key, "Multimodal input"));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,9 +80,6 @@ mod tests {
         let e = check_openai(&json!({"structured_outputs": {"json": {}}}))
             .expect_err("must be refused");
         assert_eq!(e.param.as_deref(), Some("structured_outputs"));
-        let e = check_generate(&json!({"sampling_params": {"structured_outputs": {"regex": "a"}}}))
-            .expect_err("must be refused");
         assert_eq!(e.kind, "BadRequestError");
-        assert!(check_generate(&json!({"sampling_params": {"structured_outputs": null}})).is_ok());
     }
 }
