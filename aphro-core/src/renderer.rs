@@ -538,7 +538,7 @@ impl Renderer {
             truncate_prompt(
                 &mut ids,
                 req.truncate_prompt_tokens,
-                None,
+                req.truncation_side.as_deref(),
                 self.max_model_len,
             )?;
             if ids.is_empty() {
@@ -923,6 +923,13 @@ fn truncate_prompt(
     side: Option<&str>,
     max_model_len: usize,
 ) -> Result<()> {
+    if let Some(s) = side.filter(|s| *s != "left" && *s != "right") {
+        return Err(Error::invalid_param(
+            "`truncation_side` must be either 'left' or 'right'.",
+            "truncation_side",
+            s,
+        ));
+    }
     let Some(k) = k else { return Ok(()) };
     if k < -1 {
         return Err(Error::invalid_param(

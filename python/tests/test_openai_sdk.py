@@ -326,3 +326,25 @@ def test_cache_salt(client):
     hits("tenant-a")
     assert hits("tenant-a") > 0          # same salt: the prompt's blocks are reused
     assert hits("tenant-b") == 0         # another tenant's salt: nothing shared
+
+
+def test_truncation_side(client):
+    ids = _prompt_ids(client, PROMPT)
+    assert len(ids) > 3
+
+    def kept(side):
+        # A token prompt is echoed as its (truncated) ids decoded, as vLLM detokenizes it
+        # after truncation.
+        body = {"truncate_prompt_tokens": 3}
+        if side:
+            body["truncation_side"] = side
+        r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True,
+                                      extra_body=body)
+        assert r.usage.prompt_tokens == 3
+        return r.choices[0].text
+
+    assert kept(None) == kept("left") != kept("right")
+    assert PROMPT.startswith(kept("right")) and PROMPT.endswith(kept("left"))
+    _bad(lambda: client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1,
+                                           extra_body={"truncation_side": "middle"}),
+         "`truncation_side` must be either 'left' or 'right'.", "truncation_side")

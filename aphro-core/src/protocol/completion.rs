@@ -125,6 +125,9 @@ pub struct CompletionRequest {
     pub spaces_between_special_tokens: bool,
     #[serde(default)]
     pub truncate_prompt_tokens: Option<i64>,
+    /// `left` (default) or `right`: which end `truncate_prompt_tokens` cuts.
+    #[serde(default)]
+    pub truncation_side: Option<String>,
     #[serde(default)]
     pub prompt_logprobs: Option<i64>,
     #[serde(default)]
