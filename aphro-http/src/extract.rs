@@ -227,7 +227,13 @@ mod tests {
         assert_eq!(err.param.as_deref(), Some("body.messages"));
         assert_eq!(err.kind, "Bad Request");
         let err = parse_json::<Req>(br#"{"messages":[{"role":1}]}"#).expect_err("must be refused");
-        assert_eq!(err.param.as_deref(), Some("body.messages[0].role"));
+        // pydantic's location: list indices as path segments.
+        assert_eq!(err.param.as_deref(), Some("body.messages.0.role"));
+        assert!(
+            err.message.contains("'loc': 'body.messages.0.role'"),
+            "{}",
+            err.message
+        );
         let err = parse_json::<Req>(b"{not json").expect_err("must be refused");
         assert!(err.message.contains("JSON decode error"), "{}", err.message);
     }
