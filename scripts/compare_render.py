@@ -79,9 +79,94 @@ RANDOM_FIELDS = [
 
 # Deliberate differences, each with a one-line reason (keep docs/render-compat.md in step).
 # Each entry: {"request": fnmatch pattern over request names, "path": regex over JSON paths,
-#              "reason": "..."}. `<status>` is the path of the HTTP status, `<bytes>` of a
-# serialization-only difference (same JSON, different bytes: key order, number spelling).
-DOCUMENTED_DIFFERENCES = []
+#              "reason": "..."}, optionally "aphro" / "vllm_rs": regexes that must fullmatch
+# the value on that side as the report prints it (`<absent>`, `null`, JSON), so an entry covers
+# only the expected pair of values and a changed value still shows. `<status>` is the path of
+# the HTTP status, `<bytes>` of a serialization-only difference (same JSON, different bytes: key
+# order, number spelling). Only differences where vLLM 0.33.0's Python server (the reference,
+# see shared/spec/api.md) answers as aphro does and vllm-rs deviates belong here; paths below
+# are relative to vllm/ in the wheel.
+_CHAT_RENDER = "chat*/*"
+_COMPLETION_RENDER = "completion*/*"
+_NULL_FIELDS = r"(cache_salt|content_parts|ec_transfer_params|features|kv_transfer_params|reasoning_ended|reasoning_parser_kwargs|return_token_ids|stream_options|token_offsets)"
+_SP_FLOAT_DEFAULTS = r"(presence_penalty|frequency_penalty|repetition_penalty|temperature|top_p|min_p)"
+DOCUMENTED_DIFFERENCES = [
+    # --- GenerateRequest is a full pydantic dump -------------------------------------------
+    {"request": _CHAT_RENDER, "path": rf"^\.{_NULL_FIELDS}$", "aphro": "null", "vllm_rs": "<absent>",
+     "reason": "Python dumps the whole GenerateRequest, nulls included "
+               "(entrypoints/serve/utils/api_utils.py:create_json_response uses model_dump()); vllm-rs omits null fields"},
+    {"request": _COMPLETION_RENDER, "path": rf"^\[\d+\]\.({_NULL_FIELDS[1:-1]}|parse_context)$", "aphro": "null", "vllm_rs": "<absent>",
+     "reason": "Python dumps the whole GenerateRequest, nulls included "
+               "(entrypoints/serve/utils/api_utils.py:create_json_response uses model_dump()); vllm-rs omits null fields"},
+    {"request": _CHAT_RENDER, "path": r"^\.output_mode$", "aphro": '"tokens"', "vllm_rs": "<absent>",
+     "reason": "GenerateRequest.output_mode defaults to \"tokens\" and is dumped "
+               "(entrypoints/scale_out/token_in_token_out/protocol.py:GenerateRequest, api_utils.py:create_json_response)"},
+    {"request": _COMPLETION_RENDER, "path": r"^\[\d+\]\.output_mode$", "aphro": '"tokens"', "vllm_rs": "<absent>",
+     "reason": "GenerateRequest.output_mode defaults to \"tokens\" and is dumped "
+               "(entrypoints/scale_out/token_in_token_out/protocol.py:GenerateRequest, api_utils.py:create_json_response)"},
+    {"request": _CHAT_RENDER, "path": r"^\.parse_context$", "aphro": r'\{"tools": .*', "vllm_rs": "<absent>",
+     "reason": "Python's chat render always fills parse_context "
+               "(entrypoints/scale_out/render/serving.py:render_chat_request -> _build_parse_context); vllm-rs omits it"},
+    {"request": "chat/no_model_field", "path": r"^\.model$", "aphro": "null", "vllm_rs": r'"[^"]+"',
+     "reason": "Python copies request.model, None when the request has no model "
+               "(entrypoints/scale_out/render/serving.py:render_chat_request, model=request.model); vllm-rs fills in the served name"},
+    # --- request ids -----------------------------------------------------------------------
+    {"request": _CHAT_RENDER, "path": r"^\.request_id$", "aphro": '"chatcmpl-<16 hex>"', "vllm_rs": '"chatcmpl-<8 hex>"',
+     "reason": "Python's ids are chatcmpl-<random_uuid()>, 16 hex (utils/__init__.py:random_uuid; "
+               "entrypoints/scale_out/render/serving.py:render_chat_request); vllm-rs uses 8 hex"},
+    {"request": _COMPLETION_RENDER, "path": r"^\[\d+\]\.request_id$", "aphro": r'"cmpl-<16 hex>(-\d+)?"', "vllm_rs": r'"cmpl-<8 hex>(-\d+)?"',
+     "reason": "Python's ids are cmpl-<random_uuid()>, 16 hex (utils/__init__.py:random_uuid; "
+               "entrypoints/scale_out/render/serving.py:render_completion_request); vllm-rs uses 8 hex"},
+    # --- SamplingParams as msgspec serializes it -------------------------------------------
+    {"request": _CHAT_RENDER, "path": rf"^\.sampling_params\.{_SP_FLOAT_DEFAULTS}$", "aphro": r"-?\d+\.\d+", "vllm_rs": "<absent>",
+     "reason": "msgspec omit_defaults omits only values identical to the default object; the request's own float "
+               "defaults are other objects, so they are dumped (sampling_params.py:SamplingParams, "
+               "v1/serial_utils.py:_serialize_msgspec, entrypoints/openai/chat_completion/protocol.py:to_sampling_params)"},
+    {"request": _COMPLETION_RENDER, "path": rf"^\[\d+\]\.sampling_params\.{_SP_FLOAT_DEFAULTS}$", "aphro": r"-?\d+\.\d+", "vllm_rs": "<absent>",
+     "reason": "msgspec omit_defaults omits only values identical to the default object; the request's own float "
+               "defaults are other objects, so they are dumped (sampling_params.py:SamplingParams, "
+               "v1/serial_utils.py:_serialize_msgspec, entrypoints/openai/completion/protocol.py:to_sampling_params)"},
+    {"request": "*", "path": r"^(\[\d+\])?\.sampling_params\.(stop|stop_token_ids|bad_words)$", "aphro": r"\[\]", "vllm_rs": "<absent>",
+     "reason": "SamplingParams.__post_init__ turns None into [] for stop, stop_token_ids and bad_words, "
+               "and [] is not the default None, so it is dumped (sampling_params.py:SamplingParams.__post_init__)"},
+    {"request": "*", "path": r"^(\[\d+\])?\.sampling_params\.output_kind$", "aphro": "[12]", "vllm_rs": "<absent>",
+     "reason": "to_sampling_params sets output_kind DELTA (1) when streaming, FINAL_ONLY (2) otherwise, never the "
+               "default CUMULATIVE (entrypoints/openai/chat_completion/protocol.py:to_sampling_params, completion/protocol.py:to_sampling_params)"},
+    {"request": "*", "path": r"^(\[\d+\])?\.sampling_params\.skip_clone$", "aphro": "true", "vllm_rs": "<absent>",
+     "reason": "to_sampling_params always passes skip_clone=True (entrypoints/openai/chat_completion/protocol.py:to_sampling_params, "
+               "completion/protocol.py:to_sampling_params)"},
+    {"request": "*", "path": r"^(\[\d+\])?\.sampling_params\.skip_reading_prefix_cache$", "aphro": "true|false", "vllm_rs": "<absent>",
+     "reason": "SamplingParams.__post_init__ resolves skip_reading_prefix_cache from None to a bool "
+               "(true with prompt logprobs), so it is dumped (sampling_params.py:SamplingParams.__post_init__)"},
+    {"request": "*", "path": r"^(\[\d+\])?\.sampling_params\.ignore_eos$", "aphro": "<absent>", "vllm_rs": "false",
+     "reason": "ignore_eos=False is the default singleton, which msgspec omit_defaults drops "
+               "(sampling_params.py:SamplingParams omit_defaults=True, v1/serial_utils.py:_serialize_msgspec); vllm-rs writes it"},
+    # --- max_tokens defaults to the remaining context --------------------------------------
+    {"request": _CHAT_RENDER, "path": r"^\.sampling_params\.max_tokens$", "aphro": r"\d+", "vllm_rs": "<absent>",
+     "reason": "without max_tokens Python uses max_model_len - prompt length "
+               "(entrypoints/serve/utils/api_utils.py:get_max_tokens, called by render/serving.py:render_chat_request)"},
+    {"request": "completion/max_tokens_null", "path": r"^\[0\]\.sampling_params\.max_tokens$", "aphro": r"\d+", "vllm_rs": "16",
+     "reason": "an explicit max_tokens: null is None, not the field default 16, so get_max_tokens returns the remaining context "
+               "(entrypoints/serve/utils/api_utils.py:get_max_tokens, render/serving.py:render_completion_request)"},
+    # --- routes vllm-rs lacks ---------------------------------------------------------------
+    {"request": "utility/version", "path": r"^<status>$", "aphro": "200", "vllm_rs": "404",
+     "reason": "the Python render server registers GET /version (entrypoints/serve/instrumentator/basic.py:53, "
+               "via entrypoints/launchers/api_server/routers.py:register_api_routers); vllm-rs has no such route"},
+    {"request": "utility/version", "path": r"^<body>$", "aphro": r'"\{\\"version\\":\\"0\.33\.0\\"\}"', "vllm_rs": '""',
+     "reason": "the Python render server registers GET /version (entrypoints/serve/instrumentator/basic.py:53); vllm-rs answers an empty 404"},
+    {"request": "tokenize*/*", "path": r"^<status>$", "aphro": "200|400|404", "vllm_rs": "404",
+     "reason": "the Python render server registers /tokenize (entrypoints/serve/tokenize/api_router.py:36, attached by "
+               "entrypoints/serve/__init__.py:register_vllm_serve_api_routers); vllm-rs has no such route"},
+    {"request": "detokenize*/*", "path": r"^<status>$", "aphro": "200|400|404", "vllm_rs": "404",
+     "reason": "the Python render server registers /detokenize (entrypoints/serve/tokenize/api_router.py:62); vllm-rs has no such route"},
+    {"request": "tokenize*/*", "path": r"^<body>$", "vllm_rs": '""',
+     "reason": "the Python render server registers /tokenize (entrypoints/serve/tokenize/api_router.py:36); vllm-rs answers an empty 404"},
+    {"request": "detokenize*/*", "path": r"^<body>$", "vllm_rs": '""',
+     "reason": "the Python render server registers /detokenize (entrypoints/serve/tokenize/api_router.py:62); vllm-rs answers an empty 404"},
+    {"request": "utility/unknown_route", "path": r"^<body>$", "aphro": r'"\{\\"detail\\":\\"Not Found\\"\}"', "vllm_rs": '""',
+     "reason": "the Python server is a FastAPI app (entrypoints/launchers/app.py:build_app) with Starlette's default "
+               "404 body {\"detail\":\"Not Found\"}; vllm-rs answers an empty body"},
+]
 
 # --- fixture models --------------------------------------------------------------------------
 
@@ -523,10 +608,15 @@ def lenient(node, in_sampling=False):
     return out
 
 
-def documented(name, path):
+def documented(name, path, va=ABSENT, vb=ABSENT):
     for d in DOCUMENTED_DIFFERENCES:
-        if fnmatch.fnmatchcase(name, d["request"]) and re.search(d["path"], path):
-            return d["reason"]
+        if not (fnmatch.fnmatchcase(name, d["request"]) and re.search(d["path"], path)):
+            continue
+        if "aphro" in d and not re.fullmatch(d["aphro"], fmt(va, width=1 << 30)):
+            continue
+        if "vllm_rs" in d and not re.fullmatch(d["vllm_rs"], fmt(vb, width=1 << 30)):
+            continue
+        return d["reason"]
     return None
 
 
@@ -611,7 +701,7 @@ def run_model(spec, args, corpus, log_root):
                     raise RuntimeError(f"{s.label} died on {entry['name']}:\n{s.log_tail()}")
             diffs = compare(res["aphro"], res["vllm-rs"], args.lenient)
             rows.append({"name": entry["name"], "status": (res["aphro"][0], res["vllm-rs"][0]),
-                         "diffs": [(p, va, vb, det, documented(entry["name"], p)) for p, va, vb, det in diffs],
+                         "diffs": [(p, va, vb, det, documented(entry["name"], p, va, vb)) for p, va, vb, det in diffs],
                          "bodies": (res["aphro"][2], res["vllm-rs"][2]), "request": body})
         return {"spec": spec, "model": model, "argv": {"aphro": argv_a, "vllm-rs": argv_v},
                 "ready_s": t_ready, "total_s": time.time() - t0, "rows": rows, "log_dir": str(log_dir)}
