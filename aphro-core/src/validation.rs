@@ -50,7 +50,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(kind: &'static str, loc: &[Loc], msg: impl Into<String>, input: &Value) -> Self {
+    pub fn new(kind: &'static str, loc: &[Loc], msg: impl Into<String>, input: &Value) -> Self {
         FieldError {
             kind,
             loc: loc.to_vec(),

@@ -957,27 +957,27 @@ impl<'de> serde::Deserialize<'de> for GenerateBody {
 /// Decode a generate body without a model (structural errors → 400 "Bad Request"); an absent
 /// `sampling_params.max_tokens` becomes `None`.
 pub fn parse_generate_request(body: &Value) -> Result<GenerateRequest, ServingError> {
-    if !body.is_object() {
-        return Err(ServingError::validation(
-            "1 validation error:\n  body: Input should be a valid dictionary",
-            "body",
-        ));
-    }
+    use aphro_core::validation::{from_body, validation_error, FieldError, Loc};
     // serde reads a struct from a JSON array too (positionally); the wire says objects.
+    let not_a_dict = |loc: &[Loc], input: &Value| {
+        ServingError::Request(validation_error(&[FieldError::new(
+            "dict_type",
+            loc,
+            "Input should be a valid dictionary",
+            input,
+        )]))
+    };
+    if !body.is_object() {
+        return Err(not_a_dict(&[], body));
+    }
     for key in ["sampling_params", "stream_options", "parse_context"] {
-        if body
-            .get(key)
-            .is_some_and(|v| !v.is_object() && !v.is_null())
-        {
-            return Err(ServingError::validation(
-                format!("1 validation error:\n  {key}: Input should be a valid dictionary"),
-                &format!("body.{key}"),
-            ));
+        if let Some(v) = body.get(key).filter(|v| !v.is_object() && !v.is_null()) {
+            return Err(not_a_dict(&[Loc::Key(key.into())], v));
         }
     }
-    // From the borrowed value: a clone of a large body would double its memory.
-    let mut req: GenerateRequest = serde::Deserialize::deserialize(body)
-        .map_err(|e| ServingError::validation(format!("1 validation error:\n  {e}"), "body"))?;
+    // The one structural formatter (field path, pydantic's wording), from the borrowed value:
+    // a clone of a large body would double its memory.
+    let mut req: GenerateRequest = from_body(body)?;
     let has_max = body
         .get("sampling_params")
         .and_then(Value::as_object)
