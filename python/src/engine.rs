@@ -149,7 +149,12 @@ impl PyEngine {
         model: Option<&Bound<'_, PyAny>>,
         engine_args: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let cfg = config(model_spec(py, model)?, engine_args)?;
+        let mut cfg = config(model_spec(py, model)?, engine_args)?;
+        let embedded_default = model.is_none_or(|m| m.is_none());
+        let dtype_given = engine_args.is_some_and(|a| a.contains("dtype").unwrap_or(false));
+        if embedded_default && !dtype_given {
+            cfg.dtype = aphro_engine::model::EMBEDDED_DEFAULT_DTYPE;
+        }
         let inner = py
             .detach(|| ServingEngine::new(cfg))
             .map_err(|e| serving_err(py, &e))?;

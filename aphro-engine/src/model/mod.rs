@@ -69,6 +69,11 @@ pub enum ModelDType {
     Float16,
 }
 
+/// The precision the embedded default model (SmolLM2-135M, Q4_1 GGUF) runs at unless told
+/// otherwise: measured by `scripts/measure_precision.py`, its 4-bit weights against 8-bit
+/// activations answer badly, dequantized to f32 they match the HF float32 reference (README).
+pub const EMBEDDED_DEFAULT_DTYPE: ModelDType = ModelDType::Float32;
+
 #[derive(Debug, Clone)]
 pub struct ModelLoadConfig {
     /// A `.gguf` file or an HF model directory (`config.json` + `*.safetensors`).

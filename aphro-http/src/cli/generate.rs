@@ -105,7 +105,12 @@ impl EngineArgs {
     /// for every model the user names.
     pub fn effective_dtype(&self) -> DType {
         self.dtype.unwrap_or(if self.model.is_none() {
-            DType::Float32
+            match aphro_engine::model::EMBEDDED_DEFAULT_DTYPE {
+                ModelDType::Auto => DType::Auto,
+                ModelDType::Float32 => DType::Float32,
+                ModelDType::BFloat16 => DType::Bfloat16,
+                ModelDType::Float16 => DType::Float16,
+            }
         } else {
             DType::Auto
         })
