@@ -74,7 +74,14 @@ fn start(opts: &Options, extra: &[&str], log: PathBuf) -> anyhow::Result<Server>
         .local_addr()?
         .port();
     let child = Command::new(&opts.bin)
-        .args(["serve", &opts.model, "--port", &port.to_string()])
+        // The attacks use the scale-out routes (generate, abort) too.
+        .args([
+            "serve",
+            &opts.model,
+            "--port",
+            &port.to_string(),
+            "--enable-scale-out",
+        ])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&log)?))
