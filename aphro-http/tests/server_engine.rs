@@ -756,3 +756,36 @@ fn generation_config_flags_for_a_gguf_model() {
         2
     );
 }
+
+/// generate with `output_mode: "derender"` and logprobs: the engine runs the request in
+/// tokens mode and the derenderer builds the message and its chat-shaped logprobs.
+#[test]
+fn generate_derender_with_logprobs() {
+    let model = gguf();
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--served-model-name",
+        "smol",
+        "--enable-scale-out",
+    ];
+    args.extend(engine_flags());
+    let s = Server::start(&args);
+    let mut body = gen_request(3, false);
+    body["output_mode"] = json!("derender");
+    body["sampling_params"]["logprobs"] = json!(1);
+    let (status, text) = s.post("/inference/v1/generate", &body, &[]);
+    assert_eq!(status, 200, "{text}");
+    let v = json(&text);
+    assert_eq!(v["output_mode"], "derender", "{v}");
+    let choice = &v["choices"][0];
+    let content = choice["message"]["content"].as_str().expect("content");
+    let tokens: Vec<&str> = choice["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs")
+        .iter()
+        .map(|e| e["token"].as_str().expect("token"))
+        .collect();
+    assert_eq!(tokens.len(), 3, "{v}");
+    assert_eq!(tokens.concat(), content, "{v}");
+}

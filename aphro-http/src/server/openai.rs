@@ -599,11 +599,12 @@ pub async fn generate_derender(
         None => None,
     };
     let prompt_ids = req.token_ids.clone();
+    // The derenderer turns the engine's token output into the message, so the engine runs
+    // the request in tokens mode: tokens-shaped logprobs, no text of its own.
+    let mut req = req;
+    req.output_mode = "tokens".into();
     let resp = engine.generate(req, header_id)?.collect_response().await?;
-    let mut generated: GenerateResponse = to_core(serde_json::to_value(&resp).map_err(internal)?)?;
-    // The engine tags its response with the requested mode; what the derenderer reads here
-    // is its token output, which it accepts only as `tokens` mode (it refuses any other).
-    generated.output_mode = Some("tokens".into());
+    let generated: GenerateResponse = to_core(serde_json::to_value(&resp).map_err(internal)?)?;
     let out = tokio::task::spawn_blocking(move || {
         derenderer.derender_chat(DerenderChatRequest {
             stream: false,
