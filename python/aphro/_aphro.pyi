@@ -89,6 +89,7 @@ class Derenderer:
         served_model_name: Optional[str] = None,
         max_model_len: Optional[int] = None,
         max_logprobs: int = 20,
+        return_tokens_as_token_ids: bool = False,
     ) -> None: ...
     @property
     def model(self) -> Model: ...
