@@ -155,6 +155,17 @@ pub(crate) struct EchoPrompt {
     only_prompt: bool,
 }
 
+impl EchoPrompt {
+    /// A choice's text with the echo in front (the prompt alone with `only_prompt`).
+    pub(crate) fn text_before(&self, generated: &str) -> String {
+        if self.only_prompt {
+            self.text.clone()
+        } else {
+            format!("{}{generated}", self.text)
+        }
+    }
+}
+
 /// The text of prompt `i` of a completion request, when it was sent as text.
 fn prompt_text(p: &crate::protocol::PromptInput, i: usize) -> Option<&str> {
     use crate::protocol::PromptInput;
@@ -1075,11 +1086,7 @@ impl Derenderer {
         prompt_logprobs: Option<&[Value]>,
         choice: &mut CompletionChoice,
     ) -> Result<()> {
-        choice.text = if e.only_prompt {
-            e.text.clone()
-        } else {
-            format!("{}{}", e.text, choice.text)
-        };
+        choice.text = e.text_before(&choice.text);
         if let Some(generated) = choice.logprobs.take() {
             let (mut out, offset) =
                 self.echo_logprobs(ctx, e, prompt_logprobs, CompletionLogProbs::default(), 0)?;

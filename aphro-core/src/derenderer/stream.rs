@@ -635,11 +635,7 @@ impl CompletionDerenderStream {
         prompt_logprobs: Option<&[Value]>,
         choice: &mut CompletionStreamChoice,
     ) -> Result<()> {
-        choice.text = if e.only_prompt {
-            e.text.clone()
-        } else {
-            format!("{}{}", e.text, choice.text)
-        };
+        choice.text = e.text_before(&choice.text);
         if let Some(generated) = choice.logprobs.take() {
             // The generated positions start where this chunk started.
             let start = generated
