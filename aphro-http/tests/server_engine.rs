@@ -94,6 +94,49 @@ fn tokens_only_generate_stream_abort_and_disconnect() {
         .clone();
     assert!(!ids.is_empty() && ids.len() <= 8);
     assert_eq!(v["usage"]["completion_tokens"], json!(ids.len()));
+    // A full dump, as vLLM's `GenerateResponse.model_dump()`: every key in its field order,
+    // nulls included (`UsageInfo.completion_tokens_details` too).
+    assert_eq!(
+        keys(&v),
+        [
+            "request_id",
+            "model",
+            "created",
+            "output_mode",
+            "choices",
+            "usage",
+            "prompt_logprobs",
+            "prompt_token_id_logprobs",
+            "prompt_token_ids",
+            "mm_placeholders",
+            "metrics",
+            "kv_transfer_params",
+            "ec_transfer_params"
+        ]
+    );
+    assert_eq!(
+        keys(&v["choices"][0]),
+        [
+            "index",
+            "logprobs",
+            "finish_reason",
+            "stop_reason",
+            "token_ids",
+            "routed_experts",
+            "sampling_mask",
+            "weight_versions"
+        ]
+    );
+    assert_eq!(
+        keys(&v["usage"]),
+        [
+            "prompt_tokens",
+            "total_tokens",
+            "completion_tokens",
+            "prompt_tokens_details",
+            "completion_tokens_details"
+        ]
+    );
 
     // Streaming: exact SSE framing, same greedy tokens, ends with [DONE].
     let mut sock = open_post(&s.base, "/inference/v1/generate", &gen_request(8, true));

@@ -26,7 +26,7 @@ use crate::detokenizer::{
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::protocol::{
-    ChatChoice, ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
+    ChatChoice, ChatCompletionLogProbs, ChoiceLogProbs, ChatCompletionRequest, ChatCompletionResponse,
     CompletionChoice, CompletionLogProbs, CompletionRequest, CompletionResponse,
     DerenderChatRequest, DerenderCompletionRequest, GenerateChoice, GenerateResponse,
     ResponseFunction, ResponseMessage, ResponseToolCall, StopReason, UsageInfo,
@@ -336,7 +336,18 @@ impl Derenderer {
                 )));
             }
             self.check_in_vocab(c.token_ids.as_deref().unwrap_or_default())?;
-            if let Some(content) = c.logprobs.as_ref().and_then(|l| l.content.as_ref()) {
+            if matches!(c.logprobs, Some(ChoiceLogProbs::Chat(_))) {
+                return Err(Error::bad_request(format!(
+                    "choice {i} has chat-shaped logprobs; derender reads the tokens shape \
+                     (output_mode \"tokens\": token_id, logprob, rank, top_logprobs)"
+                )));
+            }
+            if let Some(content) = c
+                .logprobs
+                .as_ref()
+                .and_then(ChoiceLogProbs::tokens)
+                .and_then(|l| l.content.as_ref())
+            {
                 if content.len() > mml {
                     return Err(Error::bad_request(format!(
                         "choice {i} has {} logprobs entries, more than max_model_len={mml}",
@@ -633,7 +644,7 @@ impl Derenderer {
         match stop_reason {
             Some(StopReason::Text(_)) => {}
             Some(StopReason::Token(t)) => {
-                if i64::from(last) == *t {
+                if last == *t {
                     out.keep -= 1;
                 }
             }
@@ -644,7 +655,7 @@ impl Derenderer {
                     || self.inner.model.eos_token_ids.contains(&last)
                 {
                     out.keep -= 1;
-                    out.stop_reason = Some(StopReason::Token(i64::from(last)));
+                    out.stop_reason = Some(StopReason::Token(last));
                 }
             }
         }
@@ -845,6 +856,7 @@ impl Derenderer {
         } else {
             c.logprobs
                 .as_ref()
+                .and_then(ChoiceLogProbs::tokens)
                 .and_then(|l| l.content.as_ref())
                 .map(|content| {
                     let show = self.show(ctx.as_ids);
@@ -1019,7 +1031,8 @@ impl Derenderer {
         let logprobs = c
             .logprobs
             .as_ref()
-            .and_then(|l| l.content.as_ref())
+            .and_then(ChoiceLogProbs::tokens)
+                .and_then(|l| l.content.as_ref())
             .map(|content| {
                 let mut out = CompletionLogProbs::default();
                 let mut offset = 0u64;

@@ -143,7 +143,7 @@ fn merge(into: &mut DeltaMessage, d: DeltaMessage) {
 }
 
 fn logprob_slice(c: &GenerateChoice, kept: usize) -> Option<&[GenerateLogProb]> {
-    let content = c.logprobs.as_ref()?.content.as_ref()?;
+    let content = c.logprobs.as_ref()?.tokens()?.content.as_ref()?;
     Some(&content[..content.len().min(kept)])
 }
 

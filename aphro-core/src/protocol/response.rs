@@ -1,18 +1,28 @@
-//! Response shapes: generate (`output_mode: "tokens"`, §4.2–4.3), chat completions (§8.1) and
-//! completions (§8.2), with the logprob shapes of §2.4 and `UsageInfo` (§2.1).
+//! Response shapes: generate (`output_mode` `tokens`, `text` and `derender`, §4.2–4.3), chat
+//! completions (§8.1) and completions (§8.2), with the logprob shapes of §2.4 and `UsageInfo`
+//! (§2.1).
+//!
+//! The generate shapes are the one set both sides use: the engine builds them and the
+//! derenderer (in process, or reading a remote engine's JSON) consumes them, so the
+//! integrated server hands the engine's values to the derenderer as they are.
 //!
 //! Serialization follows the spec's null rules: non-streaming responses and the derender stream
 //! chunks are full dumps (every key, nulls included) except where a comment says a key is
-//! omitted (`tool_calls` when empty, §2.5).
+//! omitted (`tool_calls` when empty, §2.5; a generate choice's `text` and `message` outside
+//! their output mode; the generate stream's first-event-only keys). Deserialization is
+//! lenient the way vLLM's pydantic models are: a missing key takes its default.
 //!
-//! Schemas: a key every dump writes, even as `null`, is `required` (and nullable); the
-//! generate shapes here are what derender *reads* (every key optional but `request_id` and
-//! `choices`), named `DerenderGenerate…` beside the engine's own output types. The chat
-//! stream chunk is also what the coupled `/v1/chat/completions` stream sends with vLLM's
-//! `exclude_unset`, so its keys that stream leaves out are optional.
+//! Schemas: in the chat and completion shapes a key every dump writes, even as `null`, is
+//! `required` (and nullable); a key left out unless set is optional. The chat stream chunk is
+//! also what the coupled `/v1/chat/completions` stream sends with vLLM's `exclude_unset`, so
+//! its keys that stream leaves out are optional. The generate shapes and `UsageInfo` are
+//! also what derender reads, where every key but `request_id` and `choices` may be missing,
+//! so their schemas require only those; that the engine writes every key is asserted by the
+//! engine's and the server's tests, not by the schema.
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
 /// `UsageInfo` (§2.1).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -31,17 +41,38 @@ pub struct UsageInfo {
     pub completion_tokens_details: Option<Value>,
 }
 
-/// `stop_reason`: the matched stop string or the stop token id.
+impl UsageInfo {
+    /// The counts of a finished request, with no details.
+    pub fn new(prompt_tokens: u64, completion_tokens: u64) -> Self {
+        Self {
+            prompt_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            completion_tokens: Some(completion_tokens),
+            prompt_tokens_details: None,
+            completion_tokens_details: None,
+        }
+    }
+}
+
+/// `UsageInfo` with nulls excluded: the final usage-only event of a generate stream is dumped
+/// with `exclude_none`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageInfoSparse {
+    pub prompt_tokens: u64,
+    pub total_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// `stop_reason`: the matched stop string or the stop token id (§2.6).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum StopReason {
-    Token(i64),
+    Token(u32),
     Text(String),
 }
 
-/// One candidate of a generate logprob entry.
+/// One candidate of a tokens-mode logprob entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(as = DerenderGenerateTopLogProb)]
 pub struct GenerateTopLogProb {
     pub token_id: u32,
     pub logprob: f64,
@@ -51,13 +82,13 @@ pub struct GenerateTopLogProb {
 
 /// One generated position of `GenerateLogProbs.content`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(as = DerenderGenerateLogProb)]
 pub struct GenerateLogProb {
     pub token_id: u32,
     #[serde(default = "neg_9999")]
     pub logprob: f64,
     #[serde(default)]
     pub rank: Option<i64>,
+    /// Engine order: the chosen token first, then the candidates by rank (not cut).
     #[serde(default)]
     pub top_logprobs: Vec<GenerateTopLogProb>,
 }
@@ -66,43 +97,124 @@ fn neg_9999() -> f64 {
     -9999.0
 }
 
-/// `GenerateLogProbs` (§2.4, tokens mode).
+/// vLLM's floor for a logprob: `-inf` and NaN become `-9999.0`.
+pub fn clamp_logprob(v: f32) -> f64 {
+    if v.is_nan() {
+        -9999.0
+    } else {
+        (v as f64).max(-9999.0)
+    }
+}
+
+/// `GenerateLogProbs` (§2.4, `output_mode: "tokens"`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(as = DerenderGenerateLogProbs)]
 pub struct GenerateLogProbs {
     #[serde(default)]
     pub content: Option<Vec<GenerateLogProb>>,
 }
 
-/// A choice of a tokens-mode generate response or stream event. In a stream event `token_ids`
-/// and `logprobs` are the delta of this step.
+/// Logprobs of a generate choice: the tokens shape, or the chat shape with
+/// `output_mode: "text"|"derender"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ChoiceLogProbs {
+    Tokens(GenerateLogProbs),
+    Chat(ChatCompletionLogProbs),
+}
+
+/// An `anyOf` of component schemas: for untagged enums whose variants overlap, where
+/// utoipa's `oneOf` would reject a value that fits more than one.
+fn any_of(description: &str, names: &[std::borrow::Cow<'static, str>]) -> RefOr<Schema> {
+    let mut any =
+        utoipa::openapi::schema::AnyOfBuilder::new().description(Some(description.to_owned()));
+    for name in names {
+        any = any.item(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+            name.clone(),
+        )));
+    }
+    RefOr::T(any.into())
+}
+
+/// `{"content": null}` has both shapes.
+impl PartialSchema for ChoiceLogProbs {
+    fn schema() -> RefOr<Schema> {
+        any_of(
+            "`GenerateLogProbs` with `output_mode: \"tokens\"`, the chat shape otherwise.",
+            &[GenerateLogProbs::name(), ChatCompletionLogProbs::name()],
+        )
+    }
+}
+
+impl ToSchema for ChoiceLogProbs {
+    fn schemas(out: &mut Vec<(String, RefOr<Schema>)>) {
+        out.push((GenerateLogProbs::name().into_owned(), GenerateLogProbs::schema()));
+        out.push((
+            ChatCompletionLogProbs::name().into_owned(),
+            ChatCompletionLogProbs::schema(),
+        ));
+        GenerateLogProbs::schemas(out);
+        ChatCompletionLogProbs::schemas(out);
+    }
+}
+
+impl ChoiceLogProbs {
+    /// The tokens shape, which is all derender reads; `None` for the chat shape.
+    pub fn tokens(&self) -> Option<&GenerateLogProbs> {
+        match self {
+            ChoiceLogProbs::Tokens(t) => Some(t),
+            ChoiceLogProbs::Chat(_) => None,
+        }
+    }
+
+    /// Append `other`'s entries (same shape) to `self`.
+    pub fn extend(&mut self, other: ChoiceLogProbs) {
+        match (self, other) {
+            (ChoiceLogProbs::Tokens(a), ChoiceLogProbs::Tokens(b)) => a
+                .content
+                .get_or_insert_with(Vec::new)
+                .extend(b.content.unwrap_or_default()),
+            (ChoiceLogProbs::Chat(a), ChoiceLogProbs::Chat(b)) => a
+                .content
+                .get_or_insert_with(Vec::new)
+                .extend(b.content.unwrap_or_default()),
+            _ => {}
+        }
+    }
+}
+
+/// A choice of a generate response (§4.2) or stream event (§4.3; there `token_ids`,
+/// `logprobs` and `text` are the delta of this step, and `message` is never set).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(as = DerenderGenerateChoice)]
 pub struct GenerateChoice {
     #[serde(default)]
     pub index: usize,
+    /// `output_mode: "text"` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// `output_mode: "derender"` only (non-streaming).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<ResponseMessage>,
+    #[serde(default)]
+    pub logprobs: Option<ChoiceLogProbs>,
     #[serde(default)]
     pub finish_reason: Option<String>,
     #[serde(default)]
     pub stop_reason: Option<StopReason>,
+    /// Every generated id, including a stop token / the ids of a stop string.
     #[serde(default)]
     pub token_ids: Option<Vec<u32>>,
     #[serde(default)]
-    pub logprobs: Option<GenerateLogProbs>,
-    #[serde(default)]
     pub routed_experts: Option<String>,
     #[serde(default)]
-    #[schema(value_type = Option<Vec<Vec<u32>>>)]
-    pub sampling_mask: Option<Value>,
+    pub sampling_mask: Option<Vec<Vec<u32>>>,
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub weight_versions: Option<Value>,
 }
 
-/// `GenerateResponse` with `output_mode: "tokens"` (§4.2). `output_mode` is kept so that a
-/// `text`/`derender` response handed to derender can be rejected (§6.1).
+/// `GenerateResponse` (§4.2), a full dump. `output_mode` is kept so that a `text`/`derender`
+/// response handed to derender can be rejected (§6.1).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(as = DerenderGenerateResponse)]
 pub struct GenerateResponse {
     pub request_id: String,
     #[serde(default)]
@@ -135,24 +247,26 @@ pub struct GenerateResponse {
     pub ec_transfer_params: Option<Value>,
 }
 
-/// One `data:` event of a tokens-mode generate stream (§4.3): at most one choice, or none for
-/// the usage-only event.
+/// One choice event of a generate stream (§4.3): one choice, or none for the usage-only
+/// event when it is read back.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(as = DerenderGenerateChunk)]
 pub struct GenerateStreamResponse {
     pub request_id: String,
     #[serde(default)]
     pub output_mode: Option<String>,
     #[serde(default)]
     pub choices: Vec<GenerateChoice>,
+    /// Set on every event with `continuous_usage_stats`.
     #[serde(default)]
     pub usage: Option<UsageInfo>,
+    /// First event only, with `return_token_ids`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
     /// An aphro extension to vLLM's stream chunk: the first chunk of each choice carries the
     /// prompt logprobs when the request asked for them (as `echo` with `logprobs` does), so
     /// a streamed echo can show them. Absent otherwise, so vLLM's bytes are unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Option<Object>>>)]
     pub prompt_logprobs: Option<Vec<Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
@@ -160,6 +274,72 @@ pub struct GenerateStreamResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub metrics: Option<Value>,
+}
+
+/// The final usage-only event of a generate stream with `include_usage` (`choices: []`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GenerateUsageEvent {
+    pub request_id: String,
+    pub output_mode: String,
+    #[schema(value_type = Vec<Object>, max_items = 0)]
+    pub choices: [(); 0],
+    pub usage: UsageInfoSparse,
+}
+
+/// One `data:` payload of a generate stream.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum GenerateStreamEvent {
+    Chunk(Box<GenerateStreamResponse>),
+    Usage(GenerateUsageEvent),
+}
+
+/// The usage event also reads as a chunk with no choices.
+impl PartialSchema for GenerateStreamEvent {
+    fn schema() -> RefOr<Schema> {
+        any_of(
+            "A choice event (`GenerateStreamResponse`), or the final usage-only event.",
+            &[GenerateStreamResponse::name(), GenerateUsageEvent::name()],
+        )
+    }
+}
+
+impl ToSchema for GenerateStreamEvent {
+    fn schemas(out: &mut Vec<(String, RefOr<Schema>)>) {
+        out.push((
+            GenerateStreamResponse::name().into_owned(),
+            GenerateStreamResponse::schema(),
+        ));
+        out.push((
+            GenerateUsageEvent::name().into_owned(),
+            GenerateUsageEvent::schema(),
+        ));
+        GenerateStreamResponse::schemas(out);
+        GenerateUsageEvent::schemas(out);
+    }
+}
+
+impl GenerateStreamEvent {
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// The event as the chunk shape derender reads (the usage event has no choices).
+    pub fn into_chunk(self) -> GenerateStreamResponse {
+        match self {
+            GenerateStreamEvent::Chunk(c) => *c,
+            GenerateStreamEvent::Usage(u) => GenerateStreamResponse {
+                request_id: u.request_id,
+                output_mode: Some(u.output_mode),
+                choices: Vec::new(),
+                usage: Some(UsageInfo::new(
+                    u.usage.prompt_tokens,
+                    u.usage.completion_tokens,
+                )),
+                ..Default::default()
+            },
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

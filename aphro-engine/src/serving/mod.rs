@@ -17,7 +17,6 @@
 //! request so its KV blocks are freed at once.
 
 pub mod text;
-pub mod wire;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -39,7 +38,11 @@ use crate::request::{
 };
 use crate::runner::ModelRunner;
 use text::{ChoiceDelta, ChoiceState, TextSpec};
-use wire::*;
+use aphro_core::protocol::{
+    clamp_logprob, ChoiceLogProbs, GenerateChoice, GenerateResponse, GenerateStreamEvent,
+    GenerateStreamResponse, GenerateUsageEvent, ResponseMessage, StopReason, UsageInfo,
+    UsageInfoSparse,
+};
 
 /// Everything needed to start a [`ServingEngine`] (vLLM's engine flags).
 #[derive(Debug, Clone, PartialEq)]
@@ -320,11 +323,10 @@ impl Drop for InFlightEntry {
     }
 }
 
-fn unix_now() -> u64 {
+fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// `--kv-cache-memory` when not given (grown to one full-length sequence when needed).
@@ -1059,12 +1061,13 @@ impl ServingStream {
     }
 
     /// The prompt logprobs in their wire shape, once they arrived with the first output.
-    fn prompt_logprobs_json(&self) -> Option<Vec<Option<Value>>> {
+    fn prompt_logprobs_json(&self) -> Option<Vec<Value>> {
         self.prompt_logprobs.as_ref().map(|v| {
             v.iter()
                 .map(|p| {
-                    p.as_ref()
-                        .map(|p| prompt_logprob_entry(p, self.tokenizer.as_deref()))
+                    p.as_ref().map_or(Value::Null, |p| {
+                        prompt_logprob_entry(p, self.tokenizer.as_deref())
+                    })
                 })
                 .collect()
         })
@@ -1122,17 +1125,18 @@ impl ServingStream {
                     } else {
                         None
                     };
-                    let choice = GenerateStreamChoice {
+                    let choice = GenerateChoice {
                         index: idx,
                         text: if is_text {
                             Some(d.text.unwrap_or_default())
                         } else {
                             None
                         },
+                        message: None,
                         logprobs: d.logprobs,
                         finish_reason: d.finish_reason.map(str::to_string),
                         stop_reason: d.stop_reason,
-                        token_ids: d.token_ids,
+                        token_ids: Some(d.token_ids),
                         routed_experts: None,
                         sampling_mask: None,
                         weight_versions: None,
@@ -1140,11 +1144,11 @@ impl ServingStream {
                     return Some(Ok(GenerateStreamEvent::Chunk(Box::new(
                         GenerateStreamResponse {
                             request_id: self.request_id.clone(),
-                            output_mode: self.output_mode.as_str().into(),
+                            output_mode: Some(self.output_mode.as_str().into()),
                             choices: vec![choice],
-                            usage: self
-                                .continuous_usage
-                                .then(|| UsageInfo::new(self.prompt.len(), completion)),
+                            usage: self.continuous_usage.then(|| {
+                                UsageInfo::new(self.prompt.len() as u64, completion as u64)
+                            }),
                             prompt_token_ids,
                             prompt_logprobs,
                             mm_placeholders: None,
@@ -1157,15 +1161,15 @@ impl ServingStream {
                         self.usage_sent = true;
                         let completion: usize =
                             self.choices.iter().map(|c| c.completion_tokens).sum();
-                        let u = UsageInfo::new(self.prompt.len(), completion);
+                        let prompt = self.prompt.len() as u64;
                         return Some(Ok(GenerateStreamEvent::Usage(GenerateUsageEvent {
                             request_id: self.request_id.clone(),
                             output_mode: self.output_mode.as_str().into(),
                             choices: [],
                             usage: UsageInfoSparse {
-                                prompt_tokens: u.prompt_tokens,
-                                total_tokens: u.total_tokens,
-                                completion_tokens: u.completion_tokens,
+                                prompt_tokens: prompt,
+                                total_tokens: prompt + completion as u64,
+                                completion_tokens: completion as u64,
                             },
                         })));
                     }
@@ -1230,11 +1234,11 @@ impl ServingStream {
                 index,
                 text: (mode == OutputMode::Text).then(|| a.text.clone()),
                 message: (mode == OutputMode::Derender)
-                    .then(|| DerenderMessage::assistant(a.text.clone())),
+                    .then(|| ResponseMessage::assistant(Some(a.text.clone()))),
                 logprobs: a.logprobs,
-                finish_reason: a.finish_reason.unwrap_or("stop").to_string(),
+                finish_reason: Some(a.finish_reason.unwrap_or("stop").to_string()),
                 stop_reason: a.stop_reason,
-                token_ids: a.token_ids,
+                token_ids: Some(a.token_ids),
                 routed_experts: None,
                 sampling_mask: None,
                 weight_versions: None,
@@ -1243,11 +1247,11 @@ impl ServingStream {
         let prompt_logprobs = self.prompt_logprobs_json();
         Ok(GenerateResponse {
             request_id: self.request_id.clone(),
-            model: self.model.clone(),
-            created: unix_now(),
-            output_mode: mode.as_str().into(),
+            model: Some(self.model.clone()),
+            created: Some(unix_now()),
+            output_mode: Some(mode.as_str().into()),
             choices,
-            usage: UsageInfo::new(self.prompt.len(), completion),
+            usage: Some(UsageInfo::new(self.prompt.len() as u64, completion as u64)),
             prompt_logprobs,
             prompt_token_id_logprobs: None,
             prompt_token_ids: self.return_token_ids.then(|| self.prompt.clone()),

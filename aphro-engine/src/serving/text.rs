@@ -7,9 +7,9 @@ use aphro_core::detokenizer::{token_text, DetokenizeOptions, IncrementalDetokeni
 use aphro_core::stop::{StopState, StopStringMatcher};
 use aphro_core::Tokenizer;
 
-use super::wire::{
-    clamp_logprob, ChatCompletionLogProbs, ChatLogProb, ChatLogProbsContent, ChoiceLogProbs,
-    GenerateLogProb, GenerateLogProbs, GenerateLogProbsContent, StopReason,
+use aphro_core::protocol::{
+    clamp_logprob, ChatCompletionLogProbs, ChatLogProb, ChatTopLogProb, ChoiceLogProbs,
+    GenerateLogProb, GenerateLogProbs, GenerateTopLogProb, StopReason,
 };
 use crate::request::{EngineOutput, FinishReason, Logprob, PositionLogprobs};
 
@@ -63,17 +63,9 @@ impl ChoiceDelta {
             self.text.get_or_insert_with(String::new).push_str(&t);
         }
         self.logprobs = match (self.logprobs.take(), later.logprobs) {
-            (Some(ChoiceLogProbs::Tokens(mut a)), Some(ChoiceLogProbs::Tokens(b))) => {
-                a.content
-                    .get_or_insert_with(Vec::new)
-                    .extend(b.content.unwrap_or_default());
-                Some(ChoiceLogProbs::Tokens(a))
-            }
-            (Some(ChoiceLogProbs::Chat(mut a)), Some(ChoiceLogProbs::Chat(b))) => {
-                a.content
-                    .get_or_insert_with(Vec::new)
-                    .extend(b.content.unwrap_or_default());
-                Some(ChoiceLogProbs::Chat(a))
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
             }
             (a, b) => b.or(a),
         };
@@ -219,8 +211,8 @@ impl ChoiceState {
     }
 }
 
-fn rank(l: &Logprob) -> Option<usize> {
-    (l.rank != 0).then_some(l.rank)
+fn rank(l: &Logprob) -> Option<i64> {
+    (l.rank != 0).then(|| l.rank as i64)
 }
 
 /// The engine's entries for one position in vLLM's dict order: chosen, then the top-k.
@@ -237,19 +229,19 @@ fn tokens_logprobs(ids: &[u32], lps: Option<&[PositionLogprobs]>) -> ChoiceLogPr
         .iter()
         .enumerate()
         .map(|(i, &id)| match lps.and_then(|l| l.get(i)) {
-            Some(p) if p.chosen.token_id == id => GenerateLogProbsContent {
+            Some(p) if p.chosen.token_id == id => GenerateLogProb {
                 token_id: id,
                 logprob: clamp_logprob(p.chosen.logprob),
                 rank: rank(&p.chosen),
                 top_logprobs: entries(p)
-                    .map(|l| GenerateLogProb {
+                    .map(|l| GenerateTopLogProb {
                         token_id: l.token_id,
                         logprob: clamp_logprob(l.logprob),
                         rank: rank(l),
                     })
                     .collect(),
             },
-            _ => GenerateLogProbsContent {
+            _ => GenerateLogProb {
                 token_id: id,
                 logprob: -9999.0,
                 rank: None,
@@ -286,7 +278,7 @@ fn chat_logprobs(
         .map(|(i, &id)| {
             let (token, bytes) = token_and_bytes(tok, id);
             match lps.and_then(|l| l.get(i)) {
-                Some(p) if p.chosen.token_id == id => ChatLogProbsContent {
+                Some(p) if p.chosen.token_id == id => ChatLogProb {
                     token,
                     logprob: clamp_logprob(p.chosen.logprob),
                     bytes,
@@ -294,7 +286,7 @@ fn chat_logprobs(
                         .take(cut)
                         .map(|l| {
                             let (token, bytes) = token_and_bytes(tok, l.token_id);
-                            ChatLogProb {
+                            ChatTopLogProb {
                                 token,
                                 logprob: clamp_logprob(l.logprob),
                                 bytes,
@@ -302,7 +294,7 @@ fn chat_logprobs(
                         })
                         .collect(),
                 },
-                _ => ChatLogProbsContent {
+                _ => ChatLogProb {
                     token,
                     logprob: -9999.0,
                     bytes,

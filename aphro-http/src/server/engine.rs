@@ -10,7 +10,7 @@ use super::AppState;
 use crate::error::{json_response, ApiError};
 use crate::extract::{is_json_content_type, LimitedBytes};
 use crate::sse::sse_response;
-use aphro_engine::serving::wire::{GenerateResponse, GenerateStreamEvent};
+use aphro_core::protocol::{GenerateResponse, GenerateStreamEvent};
 use aphro_engine::serving::{GenerateBody, ServingEngine, ServingError};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};

@@ -37,17 +37,11 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(e.to_string())
 }
 
-/// The engine's wire output re-read as aphro-core's protocol type (same JSON shape).
-fn to_core<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ApiError> {
-    serde_json::from_value(v).map_err(internal)
-}
-
 async fn run_full(
     engine: &ServingEngine,
     req: GenerateRequest,
 ) -> Result<GenerateResponse, ApiError> {
-    let resp = engine.generate(req, None)?.collect_response().await?;
-    to_core(serde_json::to_value(&resp).map_err(internal)?)
+    Ok(engine.generate(req, None)?.collect_response().await?)
 }
 
 /// The OpenAI chat endpoint: render, generate and derender in one process.
@@ -106,7 +100,7 @@ async fn chat_completions(
         let events = stream
             .into_events()
             .map(move |item| -> Result<Vec<Value>, ApiError> {
-                let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
+                let chunk: GenerateStreamResponse = item?.into_chunk();
                 let mut out = shape.opening();
                 let idx = chunk.choices.first().map(|c| c.index).unwrap_or(0);
                 let st = states
@@ -502,7 +496,7 @@ type EventStream = futures::stream::BoxStream<
     (
         usize,
         Result<
-            aphro_engine::serving::wire::GenerateStreamEvent,
+            aphro_core::protocol::GenerateStreamEvent,
             aphro_engine::serving::ServingError,
         >,
     ),
@@ -528,11 +522,11 @@ impl CompletionFanIn {
         &mut self,
         pi: usize,
         item: Result<
-            aphro_engine::serving::wire::GenerateStreamEvent,
+            aphro_core::protocol::GenerateStreamEvent,
             aphro_engine::serving::ServingError,
         >,
     ) -> Result<Option<Value>, ApiError> {
-        let chunk: GenerateStreamResponse = to_core(item?.to_json())?;
+        let chunk: GenerateStreamResponse = item?.into_chunk();
         let Some(j) = chunk.choices.first().map(|c| c.index) else {
             // A prompt's usage-only chunk: summed into the final one.
             let sum = self.usage.get_or_insert((0, 0));
@@ -603,8 +597,7 @@ pub async fn generate_derender(
     // the request in tokens mode: tokens-shaped logprobs, no text of its own.
     let mut req = req;
     req.output_mode = "tokens".into();
-    let resp = engine.generate(req, header_id)?.collect_response().await?;
-    let generated: GenerateResponse = to_core(serde_json::to_value(&resp).map_err(internal)?)?;
+    let generated = engine.generate(req, header_id)?.collect_response().await?;
     let out = tokio::task::spawn_blocking(move || {
         derenderer.derender_chat(DerenderChatRequest {
             stream: false,

@@ -6,8 +6,8 @@
 //! axum router and the OpenAPI document therefore come out of the same registration and
 //! cannot drift apart; each role's document lists only the routes that role mounts.
 //!
-//! The body schemas are derived too: every wire type of `aphro_core::protocol` and of
-//! `aphro_engine::serving::wire` derives `utoipa::ToSchema` beside its serde impls, and each
+//! The body schemas are derived too: every wire type of `aphro_core::protocol` derives
+//! `utoipa::ToSchema` beside its serde impls, and each
 //! route's `#[utoipa::path]` names the type it parses as `request_body` and the type it
 //! serializes as the response (a route that streams lists the SSE event type as a second,
 //! `text/event-stream`, content). The schemas follow serde: renames, untagged enums as
