@@ -317,7 +317,7 @@ fn summarize_input(v: &Value) -> String {
             let text = match (n.as_i64(), n.as_u64(), n.as_f64()) {
                 (Some(i), _, _) => i.to_string(),
                 (None, Some(u), _) => u.to_string(),
-                (None, None, Some(f)) => py_float(f),
+                (None, None, Some(f)) => float_repr(f),
                 _ => n.to_string(),
             };
             truncate_chars(&text, MAX_ERROR_INPUT_CHARS)
@@ -332,32 +332,7 @@ fn truncate_chars(s: &str, max: usize) -> String {
     }
 }
 
-/// Python's `repr(float)`: shortest round-trip digits, exponent form outside `1e-4..1e16`.
-fn py_float(f: f64) -> String {
-    if !f.is_finite() {
-        return if f.is_nan() {
-            "nan".into()
-        } else if f > 0.0 {
-            "inf".into()
-        } else {
-            "-inf".into()
-        };
-    }
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    if f != 0.0 && !(-4..16).contains(&exp) {
-        let sign = if exp < 0 { '-' } else { '+' };
-        format!("{mantissa}e{sign}{:02}", exp.abs())
-    } else {
-        let plain = format!("{f}");
-        if plain.contains('.') {
-            plain
-        } else {
-            format!("{plain}.0")
-        }
-    }
-}
+use aphro_parsers::pyjson::float_repr;
 
 /// Python's `repr(str)`.
 pub(crate) fn py_repr(s: &str) -> String {
@@ -406,11 +381,11 @@ mod tests {
         assert_eq!(py_repr("it's"), "\"it's\"");
         assert_eq!(py_repr("a\"b'c\n"), "'a\"b\\'c\\n'");
         assert_eq!(py_repr("a\u{a0}b\u{1}"), "'a\\xa0b\\x01'");
-        assert_eq!(py_float(1.5), "1.5");
-        assert_eq!(py_float(2.0), "2.0");
-        assert_eq!(py_float(1e20), "1e+20");
-        assert_eq!(py_float(1.5e-7), "1.5e-07");
-        assert_eq!(py_float(0.0001), "0.0001");
+        assert_eq!(float_repr(1.5), "1.5");
+        assert_eq!(float_repr(2.0), "2.0");
+        assert_eq!(float_repr(1e20), "1e+20");
+        assert_eq!(float_repr(1.5e-7), "1.5e-07");
+        assert_eq!(float_repr(0.0001), "0.0001");
         assert_eq!(summarize_input(&json!(123)), "123");
         assert_eq!(summarize_input(&json!([1, 2])), "<list of 2 items>");
         assert_eq!(summarize_input(&json!({})), "<dict of 0 items>");

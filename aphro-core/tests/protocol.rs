@@ -39,6 +39,43 @@ fn sampling_params_validation_uses_vllm_messages() {
     );
 }
 
+
+/// The checks vLLM raises without `parameter=` carry no param and no suffix; floats print as
+/// Python's repr (`-1e-05`, not `-0.00001`); values are vLLM 0.33.0's `_verify_args` text.
+#[test]
+fn sampling_params_untagged_checks_and_float_repr() {
+    for (body, message) in [
+        (
+            json!({"presence_penalty": 3.0}),
+            "presence_penalty must be in [-2, 2], got 3.0.",
+        ),
+        (
+            json!({"repetition_penalty": -1e-5}),
+            "repetition_penalty must be greater than zero, got -1e-05.",
+        ),
+        (
+            json!({"min_p": 1e20}),
+            "min_p must be in [0, 1], got 1e+20.",
+        ),
+        (
+            json!({"n": 2, "temperature": 0.0}),
+            "n must be 1 when using greedy sampling, got 2.",
+        ),
+        (
+            json!({"n": 20000}),
+            "n must be at most 16384, got 20000. To increase this limit, set the \
+             VLLM_MAX_N_SEQUENCES environment variable.",
+        ),
+    ] {
+        let mut sp: SamplingParams = serde_json::from_value(body).expect("parse");
+        let err = sp.normalize_and_validate().expect_err(message);
+        assert_eq!(
+            err.to_envelope(),
+            json!({"error": {"message": message, "type": "BadRequestError", "param": null,
+                "code": 400}})
+        );
+    }
+}
 #[test]
 fn error_envelopes() {
     let e = Error::PromptTooLong {

@@ -4,12 +4,11 @@
 
 use std::collections::HashSet;
 
-/// vLLM's `_SAMPLING_EPS`: a temperature below this is greedy sampling.
-pub const SAMPLING_EPS: f64 = 1e-5;
+pub use aphro_core::protocol::{MAX_N_SEQUENCES, SAMPLING_EPS};
+use aphro_core::protocol::{verify_greedy, verify_sampling_args, SamplingArgError, SamplingArgs};
+
 /// vLLM clamps `0 < temperature < 0.01` up to this to avoid inf/NaN.
 pub const MIN_TEMPERATURE: f64 = 0.01;
-/// `VLLM_MAX_N_SEQUENCES`.
-pub const MAX_N_SEQUENCES: i64 = 16384;
 
 /// Sampling parameters as the client sent them (after JSON decoding), before validation.
 ///
@@ -144,26 +143,18 @@ impl ValidationError {
     }
 }
 
-/// Python's `repr(float)`, so messages read like vLLM's ("got 0.0.", not "got 0.").
-pub(crate) fn py_float(v: f64) -> String {
-    if v.is_nan() {
-        "nan".into()
-    } else if v.is_infinite() {
-        if v > 0.0 {
-            "inf".into()
-        } else {
-            "-inf".into()
-        }
-    } else if v.fract() == 0.0 && v.abs() < 1e16 {
-        format!("{v:.1}")
-    } else {
-        format!("{v}")
-    }
-}
-
 fn py_list(ids: &[u32]) -> String {
     let items: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     format!("[{}]", items.join(", "))
+}
+
+impl From<SamplingArgError> for ValidationError {
+    fn from(e: SamplingArgError) -> Self {
+        ValidationError::Param {
+            param: e.param,
+            message: e.message,
+        }
+    }
 }
 
 /// Model/engine facts that validation depends on.
@@ -208,136 +199,26 @@ pub struct SamplingPlan {
 }
 
 impl SamplingConfig {
-    /// Range checks that need no model facts (vLLM `SamplingParams._verify_args`, in its order).
+    /// Range checks that need no model facts (vLLM `SamplingParams._verify_args`, then
+    /// its greedy check), through the same checks the wire `SamplingParams` gets.
     pub fn verify_args(&self) -> Result<(), ValidationError> {
-        if self.n < 1 {
-            return Err(ValidationError::msg(format!(
-                "n must be at least 1, got {}.",
-                self.n
-            )));
-        }
-        if self.n > MAX_N_SEQUENCES {
-            return Err(ValidationError::msg(format!(
-                "n must be at most {MAX_N_SEQUENCES}, got {}. To increase this limit, set the \
-                 VLLM_MAX_N_SEQUENCES environment variable.",
-                self.n
-            )));
-        }
-        // NaN fails every `contains`, as it fails Python's chained comparisons.
-        if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(ValidationError::msg(format!(
-                "presence_penalty must be in [-2, 2], got {}.",
-                py_float(self.presence_penalty)
-            )));
-        }
-        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(ValidationError::msg(format!(
-                "frequency_penalty must be in [-2, 2], got {}.",
-                py_float(self.frequency_penalty)
-            )));
-        }
-        if !self.repetition_penalty.is_finite() {
-            return Err(ValidationError::msg(format!(
-                "repetition_penalty must be a finite number, got {}.",
-                py_float(self.repetition_penalty)
-            )));
-        }
-        if self.repetition_penalty <= 0.0 {
-            return Err(ValidationError::msg(format!(
-                "repetition_penalty must be greater than zero, got {}.",
-                py_float(self.repetition_penalty)
-            )));
-        }
-        if !self.temperature.is_finite() {
-            return Err(ValidationError::param(
-                "temperature",
-                format!(
-                    "temperature must be a finite number, got {}.",
-                    py_float(self.temperature)
-                ),
-            ));
-        }
-        if self.temperature < 0.0 {
-            return Err(ValidationError::param(
-                "temperature",
-                format!(
-                    "temperature must be non-negative, got {}.",
-                    py_float(self.temperature)
-                ),
-            ));
-        }
-        if self.temperature > 2.0 {
-            return Err(ValidationError::param(
-                "temperature",
-                format!(
-                    "temperature must be in [0, 2], got {}.",
-                    py_float(self.temperature)
-                ),
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(ValidationError::param(
-                "top_p",
-                format!("top_p must be in (0, 1], got {}.", py_float(self.top_p)),
-            ));
-        }
-        if self.top_k < -1 {
-            return Err(ValidationError::msg(format!(
-                "top_k must be 0 (disable), or at least 1, got {}.",
-                self.top_k
-            )));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(ValidationError::msg(format!(
-                "min_p must be in [0, 1], got {}.",
-                py_float(self.min_p)
-            )));
-        }
-        if let Some(m) = self.max_tokens {
-            if m < 1 {
-                return Err(ValidationError::param(
-                    "max_tokens",
-                    format!("max_tokens must be at least 1, got {m}."),
-                ));
-            }
-        }
-        if self.min_tokens < 0 {
-            return Err(ValidationError::msg(format!(
-                "min_tokens must be greater than or equal to 0, got {}.",
-                self.min_tokens
-            )));
-        }
-        if let Some(m) = self.max_tokens {
-            if self.min_tokens > m {
-                return Err(ValidationError::msg(format!(
-                    "min_tokens must be less than or equal to max_tokens={m}, got {}.",
-                    self.min_tokens
-                )));
-            }
-        }
-        if let Some(l) = self.logprobs {
-            if l != -1 && l < 0 {
-                return Err(ValidationError::param(
-                    "logprobs",
-                    format!("logprobs must be non-negative or -1, got {l}."),
-                ));
-            }
-        }
-        if let Some(l) = self.prompt_logprobs {
-            if l != -1 && l < 0 {
-                return Err(ValidationError::param(
-                    "prompt_logprobs",
-                    format!("prompt_logprobs must be non-negative or -1, got {l}."),
-                ));
-            }
-        }
-        if self.temperature < SAMPLING_EPS && self.n > 1 {
-            return Err(ValidationError::msg(format!(
-                "n must be 1 when using greedy sampling, got {}.",
-                self.n
-            )));
-        }
-        Ok(())
+        verify_sampling_args(&SamplingArgs {
+            n: self.n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            max_tokens: self.max_tokens,
+            min_tokens: self.min_tokens,
+            stream_interval: None,
+            logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
+        })
+        .and_then(|()| verify_greedy(self.n, self.temperature))
+        .map_err(ValidationError::from)
     }
 
     /// Full validation against the model, normalized into a [`SamplingPlan`].

@@ -665,6 +665,9 @@ fn validation_messages_match_vllm() {
         (SamplingConfig { presence_penalty: 3.0, ..Default::default() }, "presence_penalty must be in [-2, 2], got 3.0."),
         (SamplingConfig { frequency_penalty: -2.5, ..Default::default() }, "frequency_penalty must be in [-2, 2], got -2.5."),
         (SamplingConfig { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty must be greater than zero, got 0.0."),
+        // Python's float repr, exponents and all (CPython: `f"{-1e-05}"`, `f"{1e20}"`).
+        (SamplingConfig { repetition_penalty: -1e-5, ..Default::default() }, "repetition_penalty must be greater than zero, got -1e-05."),
+        (SamplingConfig { temperature: 1e20, ..Default::default() }, "temperature must be in [0, 2], got 1e+20."),
         (SamplingConfig { max_tokens: Some(0), ..Default::default() }, "max_tokens must be at least 1, got 0."),
         (SamplingConfig { min_tokens: -1, ..Default::default() }, "min_tokens must be greater than or equal to 0, got -1."),
         (SamplingConfig { min_tokens: 20, ..Default::default() }, "min_tokens must be less than or equal to max_tokens=16, got 20."),

@@ -65,30 +65,40 @@ fn write_number(out: &mut String, n: &Number) {
     } else if let Some(u) = n.as_u64() {
         out.push_str(&u.to_string());
     } else if let Some(f) = n.as_f64() {
-        out.push_str(&py_float_repr(f));
+        out.push_str(&json_float(f));
     } else {
         out.push_str(&n.to_string());
     }
 }
 
-/// Python `repr(float)`.
-pub fn py_float_repr(f: f64) -> String {
+/// Python's `repr(float)` (also what an f-string prints): shortest round-trip digits, a
+/// `.0` on integral values, exponent form below 1e-4 and from 1e16 with a sign and at least
+/// two digits (`1e-05`, `1e+16`), and `nan`, `inf`, `-inf`.
+pub fn float_repr(f: f64) -> String {
+    if f.is_nan() {
+        return "nan".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    finite_repr(f)
+}
+
+/// `json.dumps(float)`: [`float_repr`], but `NaN`, `Infinity` and `-Infinity` for the
+/// values JSON has no literal for (Python's `allow_nan` spellings).
+pub fn json_float(f: f64) -> String {
     if f.is_nan() {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
+        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
     }
+    finite_repr(f)
+}
+
+fn finite_repr(f: f64) -> String {
     if f == 0.0 {
-        return if f.is_sign_negative() {
-            "-0.0".into()
-        } else {
-            "0.0".into()
-        };
+        return if f.is_sign_negative() { "-0.0" } else { "0.0" }.into();
     }
     let sci = format!("{f:e}"); // shortest round-trip digits, e.g. "1.5e-5"
     let (mant, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
@@ -279,6 +289,31 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Expected strings are CPython 3's `repr(v)` / `json.dumps(v)`.
+    #[test]
+    fn float_forms_match_cpython() {
+        for (v, repr) in [
+            (1e-05, "1e-05"),
+            (0.1, "0.1"),
+            (1e16, "1e+16"),
+            (123456789012345680.0, "1.2345678901234568e+17"),
+            (2.0, "2.0"),
+            (-0.0, "-0.0"),
+            (1.5e-7, "1.5e-07"),
+            (0.0001, "0.0001"),
+            (9999999999999998.0, "9999999999999998.0"),
+            (1.0 / 3.0, "0.3333333333333333"),
+            (5e-324, "5e-324"),
+        ] {
+            assert_eq!(float_repr(v), repr, "{v:?}");
+            assert_eq!(json_float(v), repr, "{v:?}");
+        }
+        assert_eq!(float_repr(f64::NAN), "nan");
+        assert_eq!(float_repr(f64::NEG_INFINITY), "-inf");
+        assert_eq!(json_float(f64::NAN), "NaN");
+        assert_eq!(json_float(f64::INFINITY), "Infinity");
+    }
+
     #[test]
     fn python_spacing() {
         let v = json!({"a": [1, 2.5, "é\n"], "b": {}, "c": null, "d": 1e20, "e": 1.0e-7});
@@ -286,8 +321,8 @@ mod tests {
             dumps(&v),
             "{\"a\": [1, 2.5, \"é\\n\"], \"b\": {}, \"c\": null, \"d\": 1e+20, \"e\": 1e-07}"
         );
-        assert_eq!(py_float_repr(100000.0), "100000.0");
-        assert_eq!(py_float_repr(0.0001), "0.0001");
+        assert_eq!(json_float(100000.0), "100000.0");
+        assert_eq!(json_float(0.0001), "0.0001");
     }
 
     #[test]

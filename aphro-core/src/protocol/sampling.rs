@@ -148,9 +148,199 @@ fn de_logprobs<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<i6
     })
 }
 
-/// Python's `repr(float)` for the values vLLM echoes in messages (`0.0`, `2.5`).
-pub(crate) fn py_float(v: f64) -> String {
-    crate::template::json::py_float_repr(v)
+/// Python's `repr(float)` for the values vLLM echoes in messages (`0.0`, `2.5`, `1e-05`).
+use aphro_parsers::pyjson::float_repr as py_float;
+
+/// vLLM's `_SAMPLING_EPS`: a temperature below this is greedy sampling.
+pub const SAMPLING_EPS: f64 = 1e-5;
+
+/// `VLLM_MAX_N_SEQUENCES`' default: the most sequences one request may ask for.
+pub const MAX_N_SEQUENCES: i64 = 16384;
+
+/// The numeric fields vLLM's `SamplingParams._verify_args` range-checks. Both the wire
+/// [`SamplingParams`] and the engine's own sampling config are checked through this, so a
+/// request gets the same message whichever door it came in by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingArgs {
+    pub n: i64,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    pub repetition_penalty: f64,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: i64,
+    pub min_p: f64,
+    pub max_tokens: Option<i64>,
+    pub min_tokens: i64,
+    pub stream_interval: Option<i64>,
+    pub logprobs: Option<i64>,
+    pub prompt_logprobs: Option<i64>,
+}
+
+/// A failed sampling check: vLLM's message, and the `parameter`/`value` its
+/// `VLLMValidationError` carries (only where vLLM sets them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingArgError {
+    pub message: String,
+    pub param: Option<&'static str>,
+    pub value: Option<String>,
+}
+
+impl SamplingArgError {
+    fn plain(message: String) -> Self {
+        SamplingArgError {
+            message,
+            param: None,
+            value: None,
+        }
+    }
+
+    fn tagged(message: String, param: &'static str, value: impl std::fmt::Display) -> Self {
+        SamplingArgError {
+            message,
+            param: Some(param),
+            value: Some(value.to_string()),
+        }
+    }
+
+    /// The HTTP-facing error: `str(VLLMValidationError)` (the message with its
+    /// `(parameter=…, value=…)` suffix) and the parameter as the envelope's `param`.
+    pub fn into_error(self) -> Error {
+        match (self.param, self.value) {
+            (Some(p), Some(v)) => Error::invalid_param(self.message, p, v),
+            _ => Error::bad_request(self.message),
+        }
+    }
+}
+
+/// vLLM's `SamplingParams._verify_args` range checks, in its order and with its messages
+/// (floats printed as Python's `repr`).
+pub fn verify_sampling_args(a: &SamplingArgs) -> std::result::Result<(), SamplingArgError> {
+    use SamplingArgError as E;
+    if a.n < 1 {
+        return Err(E::plain(format!("n must be at least 1, got {}.", a.n)));
+    }
+    if a.n > MAX_N_SEQUENCES {
+        return Err(E::plain(format!(
+            "n must be at most {MAX_N_SEQUENCES}, got {}. To increase this limit, set the \
+             VLLM_MAX_N_SEQUENCES environment variable.",
+            a.n
+        )));
+    }
+    // NaN fails every `contains`, as it fails Python's chained comparisons.
+    for (name, v) in [
+        ("presence_penalty", a.presence_penalty),
+        ("frequency_penalty", a.frequency_penalty),
+    ] {
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(E::plain(format!(
+                "{name} must be in [-2, 2], got {}.",
+                py_float(v)
+            )));
+        }
+    }
+    if !a.repetition_penalty.is_finite() {
+        return Err(E::plain(format!(
+            "repetition_penalty must be a finite number, got {}.",
+            py_float(a.repetition_penalty)
+        )));
+    }
+    if a.repetition_penalty <= 0.0 {
+        return Err(E::plain(format!(
+            "repetition_penalty must be greater than zero, got {}.",
+            py_float(a.repetition_penalty)
+        )));
+    }
+    let t = py_float(a.temperature);
+    if !a.temperature.is_finite() {
+        let m = format!("temperature must be a finite number, got {t}.");
+        return Err(E::tagged(m, "temperature", t));
+    }
+    if a.temperature < 0.0 {
+        let m = format!("temperature must be non-negative, got {t}.");
+        return Err(E::tagged(m, "temperature", t));
+    }
+    if a.temperature > 2.0 {
+        let m = format!("temperature must be in [0, 2], got {t}.");
+        return Err(E::tagged(m, "temperature", t));
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        let v = py_float(a.top_p);
+        return Err(E::tagged(
+            format!("top_p must be in (0, 1], got {v}."),
+            "top_p",
+            v,
+        ));
+    }
+    if a.top_k < -1 {
+        return Err(E::plain(format!(
+            "top_k must be 0 (disable), or at least 1, got {}.",
+            a.top_k
+        )));
+    }
+    if !(0.0..=1.0).contains(&a.min_p) {
+        return Err(E::plain(format!(
+            "min_p must be in [0, 1], got {}.",
+            py_float(a.min_p)
+        )));
+    }
+    if let Some(m) = a.max_tokens {
+        if m < 1 {
+            return Err(E::tagged(
+                format!("max_tokens must be at least 1, got {m}."),
+                "max_tokens",
+                m,
+            ));
+        }
+    }
+    if a.min_tokens < 0 {
+        return Err(E::plain(format!(
+            "min_tokens must be greater than or equal to 0, got {}.",
+            a.min_tokens
+        )));
+    }
+    if let Some(m) = a.max_tokens {
+        if a.min_tokens > m {
+            return Err(E::plain(format!(
+                "min_tokens must be less than or equal to max_tokens={m}, got {}.",
+                a.min_tokens
+            )));
+        }
+    }
+    if let Some(si) = a.stream_interval {
+        if si < 1 {
+            return Err(E::tagged(
+                format!("stream_interval must be at least 1, got {si}."),
+                "stream_interval",
+                si,
+            ));
+        }
+    }
+    for (name, lp) in [
+        ("logprobs", a.logprobs),
+        ("prompt_logprobs", a.prompt_logprobs),
+    ] {
+        if let Some(v) = lp {
+            if v < -1 {
+                return Err(E::tagged(
+                    format!("{name} must be non-negative or -1, got {v}."),
+                    name,
+                    v,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// vLLM's `_verify_greedy_sampling`, which `__post_init__` runs after `_verify_args`.
+pub fn verify_greedy(n: i64, temperature: f64) -> std::result::Result<(), SamplingArgError> {
+    if temperature < SAMPLING_EPS && n > 1 {
+        return Err(SamplingArgError::plain(format!(
+            "n must be 1 when using greedy sampling, got {n}."
+        )));
+    }
+    Ok(())
 }
 
 impl SamplingParams {
@@ -206,119 +396,22 @@ impl SamplingParams {
     }
 
     fn verify(&self) -> Result<()> {
-        if self.n < 1 {
-            return Err(Error::invalid_param(
-                format!("n must be at least 1, got {}.", self.n),
-                "n",
-                self.n,
-            ));
-        }
-        if self.n > 16384 {
-            return Err(Error::invalid_param(
-                format!("n must be at most 16384, got {}.", self.n),
-                "n",
-                self.n,
-            ));
-        }
-        for (name, v) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-        ] {
-            if !(-2.0..=2.0).contains(&v) {
-                return Err(Error::invalid_param(
-                    format!("{name} must be in [-2, 2], got {}.", py_float(v)),
-                    name,
-                    py_float(v),
-                ));
-            }
-        }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            let v = py_float(self.repetition_penalty);
-            return Err(Error::invalid_param(
-                format!("repetition_penalty must be a positive finite number, got {v}."),
-                "repetition_penalty",
-                v,
-            ));
-        }
-        if !(self.temperature.is_finite() && (0.0..=2.0).contains(&self.temperature)) {
-            let v = py_float(self.temperature);
-            return Err(Error::invalid_param(
-                format!("temperature must be in [0, 2], got {v}."),
-                "temperature",
-                v,
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            let v = py_float(self.top_p);
-            return Err(Error::invalid_param(
-                format!("top_p must be in (0, 1], got {v}."),
-                "top_p",
-                v,
-            ));
-        }
-        if self.top_k < -1 {
-            return Err(Error::invalid_param(
-                format!(
-                    "top_k must be 0 (disable), or at least 1, got {}.",
-                    self.top_k
-                ),
-                "top_k",
-                self.top_k,
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            let v = py_float(self.min_p);
-            return Err(Error::invalid_param(
-                format!("min_p must be in [0, 1], got {v}."),
-                "min_p",
-                v,
-            ));
-        }
-        if let Some(mt) = self.max_tokens {
-            if mt < 1 {
-                return Err(Error::invalid_param(
-                    format!("max_tokens must be at least 1, got {mt}."),
-                    "max_tokens",
-                    mt,
-                ));
-            }
-        }
-        if self.min_tokens < 0 {
-            return Err(Error::invalid_param(
-                format!(
-                    "min_tokens must be greater than or equal to 0, got {}.",
-                    self.min_tokens
-                ),
-                "min_tokens",
-                self.min_tokens,
-            ));
-        }
-        if let Some(mt) = self.max_tokens {
-            if self.min_tokens > mt {
-                return Err(Error::invalid_param(
-                    format!(
-                        "min_tokens must be less than or equal to max_tokens={mt}, got {}.",
-                        self.min_tokens
-                    ),
-                    "min_tokens",
-                    self.min_tokens,
-                ));
-            }
-        }
-        for (name, lp) in [
-            ("logprobs", self.logprobs),
-            ("prompt_logprobs", self.prompt_logprobs),
-        ] {
-            if let Some(v) = lp {
-                if v < -1 {
-                    return Err(Error::invalid_param(
-                        format!("{name} must be non-negative or -1, got {v}."),
-                        name,
-                        v,
-                    ));
-                }
-            }
-        }
+        verify_sampling_args(&SamplingArgs {
+            n: self.n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            max_tokens: self.max_tokens,
+            min_tokens: self.min_tokens,
+            stream_interval: self.stream_interval,
+            logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
+        })
+        .map_err(SamplingArgError::into_error)?;
         if let Some(ids) = &self.logprob_token_ids {
             if ids.len() > 128 {
                 return Err(Error::invalid_param(
@@ -328,15 +421,6 @@ impl SamplingParams {
                     ),
                     "logprob_token_ids",
                     ids.len(),
-                ));
-            }
-        }
-        if let Some(si) = self.stream_interval {
-            if si < 1 {
-                return Err(Error::invalid_param(
-                    format!("stream_interval must be at least 1, got {si}."),
-                    "stream_interval",
-                    si,
                 ));
             }
         }
@@ -361,13 +445,7 @@ impl SamplingParams {
                 "''",
             ));
         }
-        if self.n > 1 && self.temperature < 1e-5 {
-            return Err(Error::invalid_param(
-                format!("n must be 1 when using greedy sampling, got {}.", self.n),
-                "n",
-                self.n,
-            ));
-        }
+        verify_greedy(self.n, self.temperature).map_err(SamplingArgError::into_error)?;
         if let Some(so) = &self.structured_outputs {
             if let Some(obj) = so.as_object() {
                 let n = [

@@ -3,32 +3,6 @@
 use minijinja::value::{Value, ValueKind};
 use std::fmt::Write;
 
-/// Python's `repr(float)`: shortest round-trip digits, exponent form below 1e-4 and from 1e16
-/// with at least two exponent digits and an explicit sign.
-pub fn py_float_repr(v: f64) -> String {
-    if v.is_nan() {
-        return "NaN".into();
-    }
-    if v.is_infinite() {
-        return if v > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
-    }
-    let s = format!("{v:?}");
-    match s.split_once('e') {
-        None => s,
-        Some((mant, exp)) => {
-            let (sign, digits) = match exp.strip_prefix('-') {
-                Some(d) => ('-', d),
-                None => ('+', exp),
-            };
-            format!("{mant}e{sign}{digits:0>2}")
-        }
-    }
-}
-
 /// Options of `json.dumps` that templates pass through `tojson`.
 #[derive(Debug, Clone, Default)]
 pub struct DumpOptions {
@@ -170,7 +144,7 @@ fn py_number(v: &Value) -> String {
         v.to_string()
     } else {
         match f64::try_from(v.clone()) {
-            Ok(f) => py_float_repr(f),
+            Ok(f) => aphro_parsers::pyjson::json_float(f),
             Err(_) => v.to_string(),
         }
     }
