@@ -237,22 +237,55 @@ const HUB_FILES: [&str; 6] = [
     "chat_template.json",
 ];
 
+/// The snapshot directory of `repo_id` at `revision` (default `main`) in the local Hugging
+/// Face cache, if it holds `file`: the commit `refs/<revision>` names, as huggingface_hub's
+/// `try_to_load_from_cache` reads it (a commit hash as the revision names its snapshot
+/// directly). `hub_cache` defaults to `$HF_HUB_CACHE`, `$HF_HOME/hub`, then
+/// `~/.cache/huggingface/hub`. Never touches the network; every hub lookup in aphro (the
+/// renderer's files and the engine's weights) goes through here, so both read one snapshot.
+pub fn cached_snapshot(
+    repo_id: &str,
+    revision: Option<&str>,
+    hub_cache: Option<&Path>,
+    file: &str,
+) -> Option<PathBuf> {
+    let cache_dir = match hub_cache {
+        Some(p) => p.to_path_buf(),
+        None => hub_cache_dir(&LoadOptions::default()),
+    };
+    let revision = revision.unwrap_or("main");
+    let repo = hf_hub::Repo::with_revision(
+        repo_id.to_owned(),
+        hf_hub::RepoType::Model,
+        revision.to_owned(),
+    );
+    if let Some(path) = hf_hub::Cache::new(cache_dir.clone()).repo(repo).get(file) {
+        return path.parent().map(Path::to_path_buf);
+    }
+    // A pinned commit has no ref file: its snapshot is named by the hash itself.
+    let is_commit = revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit());
+    let (org_name, snapshot) = (repo_id.replace('/', "--"), revision);
+    let dir = cache_dir
+        .join(format!("models--{org_name}"))
+        .join("snapshots")
+        .join(snapshot);
+    (is_commit && dir.join(file).exists()).then_some(dir)
+}
+
 /// Resolves a hub id to a local snapshot dir: the cache first, then (unless offline) a
 /// download through hf-hub from `HF_ENDPOINT` (default huggingface.co). hf-hub's agents trust
 /// the platform store / `SSL_CERT_FILE` (ureq's `native-certs`) and read the proxy variables.
 pub fn resolve_hub(repo_id: &str, opts: &LoadOptions) -> Result<PathBuf> {
     let cache_dir = hub_cache_dir(opts);
     let revision = opts.revision.clone().unwrap_or_else(|| "main".to_owned());
-    let cache = hf_hub::Cache::new(cache_dir.clone());
     let repo = hf_hub::Repo::with_revision(
         repo_id.to_owned(),
         hf_hub::RepoType::Model,
         revision.clone(),
     );
-    if let Some(tok) = cache.repo(repo.clone()).get("tokenizer.json") {
-        if let Some(dir) = tok.parent() {
-            return Ok(dir.to_path_buf());
-        }
+    if let Some(dir) = cached_snapshot(repo_id, Some(&revision), Some(&cache_dir), "tokenizer.json")
+    {
+        return Ok(dir);
     }
     if opts.offline || env_offline() {
         return Err(Error::ModelFiles(format!(

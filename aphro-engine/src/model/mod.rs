@@ -107,37 +107,17 @@ impl Default for ModelLoadConfig {
 }
 
 /// Resolve a model argument: an existing path as is, else an HF repo id (`org/name`) looked
-/// up in the local Hub cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`),
-/// newest snapshot first. Downloading is the CLI's job; this never touches the network.
+/// up in the local Hub cache at `refs/main` ([`aphro_core::model::cached_snapshot`], the
+/// lookup the renderer makes too, so weights and tokenizer come from one snapshot).
+/// Downloading is the CLI's job; this never touches the network.
 pub fn resolve_model_path(model: &Path) -> Result<PathBuf, ModelError> {
     if model.exists() {
         return Ok(model.to_path_buf());
     }
     let id = model.to_string_lossy();
-    let hub = std::env::var_os("HF_HUB_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HF_HOME").map(|h| PathBuf::from(h).join("hub")))
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
-        });
-    if let (Some(hub), Some((org, name))) = (hub, id.split_once('/')) {
-        let snaps = hub.join(format!("models--{org}--{name}")).join("snapshots");
-        if let Ok(entries) = std::fs::read_dir(&snaps) {
-            let mut dirs: Vec<(std::time::SystemTime, PathBuf)> = entries
-                .filter_map(Result::ok)
-                .filter(|e| e.path().join("config.json").exists())
-                .map(|e| {
-                    let t = e
-                        .metadata()
-                        .and_then(|m| m.modified())
-                        .unwrap_or(std::time::UNIX_EPOCH);
-                    (t, e.path())
-                })
-                .collect();
-            dirs.sort();
-            if let Some((_, p)) = dirs.pop() {
-                return Ok(p);
-            }
+    if id.split('/').count() == 2 {
+        if let Some(dir) = aphro_core::model::cached_snapshot(&id, None, None, "config.json") {
+            return Ok(dir);
         }
     }
     Err(ModelError::UnknownFormat(model.to_path_buf()))
@@ -545,13 +525,22 @@ mod tests {
         }
     }
 
-    /// An `org/name` id resolves to the newest snapshot in the Hub cache.
+    /// An `org/name` id resolves to the snapshot `refs/main` names in the Hub cache (the
+    /// layout huggingface_hub writes), even when another snapshot is newer on disk.
     #[test]
     fn hub_ids_resolve_to_cached_snapshots() {
         let hub = tempfile::tempdir().expect("tempdir");
-        let snap = hub.path().join("models--acme--tiny/snapshots/abc123");
+        let repo = hub.path().join("models--acme--tiny");
+        let snap = repo.join("snapshots/abc123");
         std::fs::create_dir_all(&snap).expect("mkdir");
         tiny_model(&snap, "llama");
+        std::fs::create_dir_all(repo.join("refs")).expect("mkdir");
+        std::fs::write(repo.join("refs/main"), "abc123").expect("ref");
+        // A snapshot of another revision, written later: newest by mtime, but not `main`.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let other = repo.join("snapshots/fff999");
+        std::fs::create_dir_all(&other).expect("mkdir");
+        tiny_model(&other, "llama");
         // No other test reads HF_HUB_CACHE, so setting it here cannot race.
         std::env::set_var("HF_HUB_CACHE", hub.path());
         assert_eq!(
