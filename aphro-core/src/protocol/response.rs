@@ -1,4 +1,4 @@
-//! Response shapes: generate (`output_mode: "tokens"`, §4.2–4.3), chat completions (§8.1) and
+//! Response shapes: generate (`output_mode: "tokens"`, `api.md` §4.2–4.3), chat completions (§8.1) and
 //! completions (§8.2), with the logprob shapes of §2.4 and `UsageInfo` (§2.1).
 //!
 //! Serialization follows the spec's null rules: non-streaming responses and the derender stream

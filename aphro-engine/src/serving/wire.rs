@@ -1,4 +1,4 @@
-//! Response shapes of `POST /inference/v1/generate` (`spec/api.md` §4.2/§4.3) with the
+//! Response shapes of `POST /inference/v1/generate` (`docs/spec/api.md` §4.2/§4.3) with the
 //! logprob shapes of §2.4 and `UsageInfo` (§2.1).
 //!
 //! Key presence follows the spec: non-streaming responses are full dumps (every key, nulls
