@@ -84,7 +84,7 @@ RANDOM_FIELDS = [
 # only the expected pair of values and a changed value still shows. `<status>` is the path of
 # the HTTP status, `<bytes>` of a serialization-only difference (same JSON, different bytes: key
 # order, number spelling). Only differences where vLLM 0.33.0's Python server (the reference,
-# see shared/spec/api.md) answers as aphro does and vllm-rs deviates belong here; paths below
+# see docs/spec/api.md) answers as aphro does and vllm-rs deviates belong here; paths below
 # are relative to vllm/ in the wheel.
 _CHAT_RENDER = "chat*/*"
 _COMPLETION_RENDER = "completion*/*"

@@ -2,6 +2,9 @@
 # The project's test command: fetch the pinned test assets (verified by sha256), then run every suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Every wire-spec reference (`api.md` §4.2) names a spec in docs/spec and a section it has, and
+# every relative Markdown link resolves (standard library only, no build).
+python3 scripts/check_spec_refs.py
 export APHRO_ASSETS="${APHRO_ASSETS:-$PWD/.assets}"
 python3 scripts/fetch_assets.py --dest "$APHRO_ASSETS"
 cargo test --workspace --locked

@@ -1,6 +1,6 @@
 //! The one error type of `aphro-core`. Every variant knows the HTTP status, the OpenAI-style
 //! `type` string and the `param` vLLM would report, so the HTTP layer only has to serialize
-//! [`Error::to_envelope`] (spec §1.2/§1.3).
+//! [`Error::to_envelope`] (`api.md` §1.2/§1.3).
 use serde_json::{json, Value};
 
 /// Result alias for the crate.

@@ -22,7 +22,7 @@ pub enum ModelSource {
     },
 }
 
-/// Server-side sampling defaults from `generation_config.json` (§10). Only these keys are read.
+/// Sampling defaults from `generation_config.json` (`api.md` §10). Only these keys are read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerationDefaults {
     pub repetition_penalty: Option<f64>,

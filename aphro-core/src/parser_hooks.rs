@@ -1,4 +1,4 @@
-//! Render-time hooks of the configured reasoning / tool parsers (wire spec §3, §11).
+//! Render-time hooks of the configured reasoning / tool parsers (`api.md` §3, §11).
 //!
 //! * `reasoning_ended`: whether the rendered prompt already closed reasoning (e.g. Qwen3 with
 //!   `enable_thinking: false` renders `<think>\n\n</think>` into the prompt), found as vLLM's

@@ -1,4 +1,4 @@
-//! The Renderer: OpenAI chat/completion request → `GenerateRequest` (spec §3, §5, §10).
+//! The Renderer: OpenAI chat/completion request → `GenerateRequest` (`api.md` §3, §5, §10).
 use crate::chat_prompt::{normalize_tool, ChatPrompter, RenderedChat, ToolArguments};
 use crate::content_parts::{ContentCapabilities, Modality};
 use crate::error::{Error, Result};

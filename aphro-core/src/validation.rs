@@ -1,5 +1,5 @@
 //! Structural request errors in the shape vLLM's `RequestValidationError` handler gives them
-//! (`vllm/entrypoints/serve/exception_handling/handlers/validation.py`, spec §1.3):
+//! (`vllm/entrypoints/serve/exception_handling/handlers/validation.py`, `api.md` §1.3):
 //!
 //! ```text
 //! 1 validation error:

@@ -1,4 +1,4 @@
-//! §6/§7 error cases (status + message), checked before any decode or parse, and the exact
+//! `api.md` §6/§7 error cases (status + message), checked before any decode or parse, and the exact
 //! response shapes of §13.
 mod common;
 use aphro_core::protocol::{

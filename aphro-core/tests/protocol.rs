@@ -5,7 +5,7 @@ use serde_json::json;
 
 #[test]
 fn sampling_params_dump_matches_vllm_render() {
-    // §2.3's observed render: temperature 0.7, max_tokens 32, stream, stop ["END"],
+    // `api.md` §2.3's observed render: temperature 0.7, max_tokens 32, stream, stop ["END"],
     // logprobs 2, server defaults top_p 0.95 / top_k 20.
     let mut sp = SamplingParams {
         temperature: 0.7,

@@ -1,5 +1,5 @@
 //! Engine counters and latency histograms, kept by the step loop and copied out as a
-//! [`MetricsSnapshot`] for `/metrics` (names in `spec/api.md` §9).
+//! [`MetricsSnapshot`] for `/metrics` (names in `docs/spec/api.md` §9).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

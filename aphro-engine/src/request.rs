@@ -1,5 +1,5 @@
 //! Engine-internal request and output types (plain Rust; the HTTP layer converts the wire
-//! types of `spec/api.md` §2.3/§4 at the edge) and `SamplingParams` validation with vLLM's
+//! types of `docs/spec/api.md` §2.3/§4 at the edge) and `SamplingParams` validation with vLLM's
 //! messages.
 
 use std::collections::HashSet;

@@ -1,6 +1,6 @@
 //! The serving layer on the real model (SmolLM2-135M-Instruct Q4_1): batch invariance with
 //! and without prefix caching and under preemption, HF greedy parity through the whole
-//! stack, seeded sampling, abort, text mode with stop strings, the §4 wire shapes and the
+//! stack, seeded sampling, abort, text mode with stop strings, the `api.md` §4 wire shapes and the
 //! handler checks, and 16-bit weight storage against f32.
 //!
 //! Prompts are short and generations a few tokens, so the file runs in seconds.

@@ -1,4 +1,4 @@
-//! `--api-key` / `VLLM_API_KEY` enforcement (wire spec §1.4).
+//! `--api-key` / `VLLM_API_KEY` enforcement (`api.md` §1.4).
 //!
 //! Only the OpenAI-style prefixes are guarded; `/health`, `/metrics`, `/tokenize`,
 //! `/detokenize`, `/version` and the legacy `/abort_requests` stay open, exactly as vLLM does,

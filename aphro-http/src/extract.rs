@@ -1,7 +1,7 @@
 //! Request-body extraction with vLLM's error behaviour.
 //!
 //! axum's own `Json` answers 415/422 with plain-text bodies; vLLM answers every malformed
-//! body with 400 and its error envelope (§1.1, §1.3 of the wire spec). [`JsonBody`] checks the
+//! body with 400 and its error envelope (`api.md` §1.1, §1.3). [`JsonBody`] checks the
 //! media type, enforces the body-size limit *before* parsing, and turns serde errors into a
 //! `"Bad Request"` validation error whose `param` is the dotted path of the offending field.
 use crate::error::ApiError;

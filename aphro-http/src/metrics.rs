@@ -1,4 +1,4 @@
-//! Prometheus metrics under vLLM's names and labels (wire spec §9), so vLLM's routers,
+//! Prometheus metrics under vLLM's names and labels (`api.md` §9), so vLLM's routers,
 //! autoscalers and Grafana dashboards read aphro unchanged.
 //!
 //! Gauges that mirror engine state (running/waiting, KV usage) are set from the engine's

@@ -1,4 +1,4 @@
-//! Server-sent events exactly as vLLM frames them (wire spec §1.7): every event is
+//! Server-sent events exactly as vLLM frames them (`api.md` §1.7): every event is
 //! `data: <one-line JSON>\n\n`, no `event:`/`id:` lines, and the stream always ends with
 //! `data: [DONE]\n\n` — also after an in-stream error, which is sent as one more event
 //! carrying the error envelope while the HTTP status stays 200.

@@ -365,7 +365,7 @@ fn integrated_stream_shapes_multi_prompt_streaming_and_request_metrics() {
     args.extend(engine_flags());
     let s = Server::start(&args);
 
-    // Chat: `exclude_unset` chunks (wire spec §8.1).
+    // Chat: `exclude_unset` chunks (`api.md` §8.1).
     let events = stream_post(
         &s.base,
         "/v1/chat/completions",

@@ -1,4 +1,4 @@
-//! `aphro.Engine`: the token-in/token-out engine (`/inference/v1/generate`, wire spec §4) on
+//! `aphro.Engine`: the token-in/token-out engine (`/inference/v1/generate`, `api.md` §4) on
 //! `aphro_engine::serving::ServingEngine`. Every wait on the engine releases the GIL.
 use crate::convert::{ser_to_py, to_py, to_value};
 use crate::errors;

@@ -1,4 +1,4 @@
-//! Generate logprobs (token ids, §2.4) → chat and completion shapes.
+//! Generate logprobs (token ids, `api.md` §2.4) → chat and completion shapes.
 use crate::detokenizer::{decode, token_bytes_with, token_text, TokenByteEncoding};
 use crate::protocol::{
     ChatLogProb, ChatTopLogProb, CompletionLogProbs, GenerateLogProb, GenerateTopLogProb,

@@ -832,7 +832,7 @@ fn check_vllm_state(d: &Derenderer, s: &DerenderStreamState) -> std::result::Res
     Ok(())
 }
 
-/// Limit of §6.2: prompt + earlier output + this delta ≤ max_model_len.
+/// Limit of `api.md` §6.2: prompt + earlier output + this delta ≤ max_model_len.
 fn check_total(
     d: &Derenderer,
     prompt: usize,

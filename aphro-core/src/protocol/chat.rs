@@ -1,4 +1,4 @@
-//! `ChatCompletionRequest` (§8.1) and its message / tool types (§2.5).
+//! `ChatCompletionRequest` (`api.md` §8.1) and its message / tool types (§2.5).
 use super::{StopSpec, StreamOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

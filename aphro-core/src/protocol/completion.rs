@@ -1,4 +1,4 @@
-//! `CompletionRequest` (§8.2).
+//! `CompletionRequest` (`api.md` §8.2).
 use super::{StopSpec, StreamOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -1,4 +1,4 @@
-//! Derender request bodies (§6, §7) and the client-carried streaming state (§6.2).
+//! Derender request bodies (`api.md` §6, §7) and the client-carried streaming state (§6.2).
 //!
 //! # `DerenderStreamState` format
 //!

@@ -1,4 +1,4 @@
-//! `GenerateRequest` (§4.1) as the render endpoints produce it (§3, §5), and `ParseContext`.
+//! `GenerateRequest` (`api.md` §4.1) as the render endpoints produce it (§3, §5), and `ParseContext`.
 use super::SamplingParams;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -1,4 +1,4 @@
-//! Wire types, mirroring `shared/spec/api.md` field by field (vLLM 0.33.0).
+//! Wire types, mirroring `docs/spec/api.md` field by field (vLLM 0.33.0).
 //!
 //! Requests accept unknown keys (ignored) as vLLM does. Responses
 //! serialize with nulls present unless the spec says otherwise.

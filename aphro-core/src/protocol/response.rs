@@ -1,6 +1,6 @@
-//! Response shapes: generate (`output_mode` `tokens`, `text` and `derender`, §4.2–4.3), chat
-//! completions (§8.1) and completions (§8.2), with the logprob shapes of §2.4 and `UsageInfo`
-//! (§2.1).
+//! Response shapes: generate (`output_mode` `tokens`, `text` and `derender`, `api.md`
+//! §4.2–4.3), chat completions (§8.1) and completions (§8.2), with the logprob shapes of §2.4
+//! and `UsageInfo` (§2.1).
 //!
 //! The generate shapes are the one set both sides use: the engine builds them and the
 //! derenderer (in process, or reading a remote engine's JSON) consumes them, so the

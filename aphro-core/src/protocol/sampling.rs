@@ -1,4 +1,4 @@
-//! `SamplingParams` (§2.3): vLLM's post-init normalization, range validation with vLLM's
+//! `SamplingParams` (`api.md` §2.3): vLLM's post-init normalization, range validation with vLLM's
 //! messages, and msgspec's "omit defaults" dump.
 use crate::error::{Error, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -46,7 +46,7 @@ pub fn tool_choice() -> Schema {
 }
 
 /// `sampling_params.max_tokens`: absent (or `null`) means "fill the context", capped by the
-/// model's `max_new_tokens` (§10) — not the `SamplingParams` default of 16.
+/// model's `max_new_tokens` (`api.md` §10) — not the `SamplingParams` default of 16.
 pub fn max_tokens() -> Schema {
     ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::Integer, Type::Null]))

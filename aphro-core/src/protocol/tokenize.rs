@@ -1,4 +1,4 @@
-//! `/tokenize` and `/detokenize` bodies (§9).
+//! `/tokenize` and `/detokenize` bodies (`api.md` §9).
 use super::{ChatMessage, ChatTool};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -2,7 +2,7 @@
 //!
 //! [`ServingEngine`] loads the model runner (and, unless `tokens_only`, the tokenizer and
 //! `generation_config.json` defaults through [`aphro_core::Model`]), starts the [`Engine`],
-//! and implements `POST /inference/v1/generate` of `spec/api.md` §4 as a plain Rust API so
+//! and implements `POST /inference/v1/generate` of `docs/spec/api.md` §4 as a plain Rust API so
 //! the HTTP server, the CLI and the Python bindings share it:
 //!
 //! * [`ServingEngine::parse_request`]: JSON body → `GenerateRequest`, remembering which

@@ -254,7 +254,7 @@ fn tokens_logprobs(ids: &[u32], lps: Option<&[PositionLogprobs]>) -> ChoiceLogPr
     })
 }
 
-/// Token string and the UTF-8 bytes of that string (§2.4: "bytes = UTF-8 bytes of token");
+/// Token string and the UTF-8 bytes of that string (`api.md` §2.4: "bytes = UTF-8 bytes of token");
 /// without a tokenizer (`--return-tokens-as-token-ids`) the `token_id:N` placeholder and no
 /// bytes, as vLLM's `_logprob_token`.
 fn token_and_bytes(tok: Option<&Tokenizer>, id: u32) -> (String, Option<Vec<u8>>) {

@@ -1,4 +1,4 @@
-//! `aphro detokenize`: the `/detokenize` body (§9) offline — `{"tokens": [int]}` in,
+//! `aphro detokenize`: the `/detokenize` body (`api.md` §9) offline — `{"tokens": [int]}` in,
 //! `{"prompt": str}` out; `--jsonl` for batches.
 use super::io::{read_input, write_lines};
 use aphro_core::protocol::DetokenizeRequest;

@@ -1,4 +1,4 @@
-//! `aphro tokenize`: the `/tokenize` body (§9) offline — `{"prompt": …}` or `{"messages": …}`
+//! `aphro tokenize`: the `/tokenize` body (`api.md` §9) offline — `{"prompt": …}` or `{"messages": …}`
 //! in, `{"count","max_model_len","tokens","token_strs"?}` out; `--jsonl` for batches.
 use super::io::{read_input, write_lines};
 use anyhow::Context;

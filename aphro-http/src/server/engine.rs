@@ -1,4 +1,4 @@
-//! The token-in/token-out engine routes (wire spec §4): generate (tokens / text, streaming
+//! The token-in/token-out engine routes (`api.md` §4): generate (tokens / text, streaming
 //! SSE or one JSON body; `derender` on the integrated server), abort, and the legacy
 //! unauthenticated `/abort_requests` of `--tokens-only` servers.
 //!

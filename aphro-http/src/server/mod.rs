@@ -27,7 +27,7 @@ use axum::Router;
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Which routes a server mounts (wire spec §0).
+/// Which routes a server mounts (`api.md` §0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// GPU-less frontend: render, derender, tokenize, models, health, version, metrics.

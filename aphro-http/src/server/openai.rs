@@ -1,7 +1,7 @@
 //! The integrated OpenAI routes (`/v1/chat/completions`, `/v1/completions`) and generate's
 //! `output_mode: "derender"`: render → engine → derender chained in one process, with the
 //! same library calls the three disaggregated roles make, so both deployments give the same
-//! bytes (wire spec §8, §12).
+//! bytes (`api.md` §8, §12).
 use super::engine::engine;
 use super::render::{derenderer, header_request_id, renderer};
 use super::AppState;

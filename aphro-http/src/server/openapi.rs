@@ -22,7 +22,7 @@ use serde::Serialize;
 use utoipa::openapi::OpenApi;
 use utoipa::ToSchema;
 
-/// The vLLM variant of the OpenAI error object (wire spec §1.2).
+/// The vLLM variant of the OpenAI error object (`api.md` §1.2).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorResponse {
     pub error: ErrorObject,

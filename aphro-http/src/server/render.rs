@@ -1,4 +1,4 @@
-//! The GPU-less frontend routes: render, tokenize, detokenize (wire spec §3, §5, §9).
+//! The GPU-less frontend routes: render, tokenize, detokenize (`api.md` §3, §5, §9).
 //!
 //! Handlers are thin: parse the body, call the library, serialize. All semantics live in
 //! `aphro_core::Renderer`, so the CLI, the Python bindings and these routes agree by
