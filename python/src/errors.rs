@@ -43,11 +43,6 @@ pub fn internal(py: Python<'_>, message: &str) -> PyErr {
     make(py, message, 500, "InternalServerError", None)
 }
 
-/// A structural 400 (`type: "Bad Request"`), like the HTTP layer's body validation.
-pub fn validation(py: Python<'_>, message: &str, param: Option<&str>) -> PyErr {
-    make(py, message, 400, "Bad Request", param)
-}
-
 /// Extension trait: `result.py_err(py)?` for core results.
 pub trait CoreResultExt<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T>;
