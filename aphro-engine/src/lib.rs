@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod openai;
 pub mod serving;
 #[cfg(test)]
 mod test_support;

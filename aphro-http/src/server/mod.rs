@@ -14,7 +14,6 @@ pub mod engine;
 pub mod openai;
 pub mod openapi;
 pub mod render;
-pub mod unsupported;
 
 use crate::auth::{require_api_key, ApiKeys};
 use crate::error::route_not_found;
