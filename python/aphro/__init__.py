@@ -7,7 +7,9 @@ The three stages of a request, each usable on its own or chained in one process:
 * :class:`Engine` / :class:`AsyncEngine` -- ``GenerateRequest`` -> generated token ids
   (``/inference/v1/generate``), on the Rust engine, GIL released while it works;
 * :class:`Derenderer` -- generated token ids -> ``chat.completion`` / ``text_completion``
-  (detokenizer, stop strings, reasoning and tool-call parsers), as ``.../derender`` does.
+  (detokenizer, stop strings, reasoning and tool-call parsers), as ``.../derender`` does;
+* :class:`LLM` / :class:`AsyncLLM` -- the three chained, as ``/v1/chat/completions`` and
+  ``/v1/completions`` of ``aphro serve`` (same responses, same stream chunks).
 
 Every method takes and returns plain dicts with the JSON shapes of the HTTP routes; errors
 raise :class:`AphroError` subclasses carrying the HTTP error body's fields.
@@ -35,8 +37,9 @@ from ._aphro import (
 )
 
 try:  # the serving engine (aphro-engine); absent from builds without it
-    from ._aphro import Engine, EngineStream  # noqa: F401
+    from ._aphro import ChunkStream, CoupledServing, Engine, EngineStream  # noqa: F401
     from ._engine import AsyncEngine  # noqa: F401
+    from ._llm import LLM, AsyncLLM  # noqa: F401
 
     _HAS_ENGINE = True
 except ImportError:  # pragma: no cover - depends on the build
@@ -61,7 +64,7 @@ __all__ = [
     "__version__",
 ]
 if _HAS_ENGINE:
-    __all__ += ["Engine", "EngineStream", "AsyncEngine"]
+    __all__ += ["Engine", "EngineStream", "AsyncEngine", "LLM", "AsyncLLM", "ChunkStream"]
 
 ModelLike = Union[None, str, "os.PathLike[str]", Model]
 

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use std::sync::{Arc, Mutex, PoisonError};
 
-fn serving_err(py: Python<'_>, e: &ServingError) -> PyErr {
+pub(crate) fn serving_err(py: Python<'_>, e: &ServingError) -> PyErr {
     errors::make(py, &e.to_string(), e.status(), e.error_type(), e.param())
 }
 
@@ -120,7 +120,7 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
 ///         `served_model_name`, `tokens_only`.
 #[pyclass(module = "aphro", name = "Engine", frozen)]
 pub struct PyEngine {
-    inner: Arc<ServingEngine>,
+    pub(crate) inner: Arc<ServingEngine>,
 }
 
 impl PyEngine {

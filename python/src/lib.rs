@@ -8,6 +8,7 @@
 use pyo3::prelude::*;
 
 mod convert;
+mod coupled;
 mod derenderer;
 mod engine;
 mod errors;
@@ -28,6 +29,8 @@ fn aphro_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<parse::PyParser>()?;
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyEngineStream>()?;
+    m.add_class::<coupled::PyCoupled>()?;
+    m.add_class::<coupled::PyChunkStream>()?;
     m.add_function(wrap_pyfunction!(parse::parse, m)?)?;
     m.add_function(wrap_pyfunction!(renderer::_bench_render_chat, m)?)?;
     m.add_function(wrap_pyfunction!(default_model_path, m)?)?;

@@ -1,0 +1,154 @@
+"""`aphro.LLM` against the integrated server (`aphro serve`, the Rust binary): the same greedy
+request gives the same response and the same stream chunks in process as over HTTP."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import aphro
+import aphro.cli
+
+MODEL = "smol"
+GGUF = Path(os.environ["APHRO_ASSETS"]) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+ENGINE = {"kv_cache_memory": 33554432, "max_model_len": "auto", "max_num_seqs": 8}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def http():
+    binary = aphro.cli.find_binary()
+    if binary is None or not os.path.isfile(binary):
+        pytest.skip("the `aphro` binary is not built (set APHRO_BIN)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "serve", str(GGUF), "--port", str(port), "--served-model-name", MODEL,
+         "--kv-cache-memory", str(ENGINE["kv_cache_memory"]), "--max-model-len", "auto",
+         "--max-num-seqs", str(ENGINE["max_num_seqs"])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited: {proc.stderr.read().decode(errors='replace')}")
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                pytest.fail("server did not start")
+            time.sleep(0.2)
+        yield httpx.Client(base_url=base, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with aphro.LLM(str(GGUF), served_model_name=MODEL, **ENGINE) as llm:
+        yield llm
+
+
+CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Name three colours."}],
+    "max_tokens": 24,
+    "temperature": 0,
+    "logprobs": True,
+    "top_logprobs": 2,
+}
+USAGE = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def _sse(http: httpx.Client, path: str, body: dict, request_id: str) -> list:
+    events = []
+    with http.stream("POST", path, json=body, headers={"X-Request-Id": request_id}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    return events
+
+
+def _timeless(chunks: list) -> list:
+    """The chunks without `created` (seconds since the epoch at each side's start)."""
+    out = []
+    for c in chunks:
+        c = dict(c)
+        assert isinstance(c.pop("created"), int)
+        out.append(c)
+    return out
+
+
+def test_chat_stream_equals_http_stream(http, llm):
+    body = dict(CHAT, stream=True, stream_options=USAGE)
+    over_http = _sse(http, "/v1/chat/completions", body, "same-1")
+    in_process = list(llm.chat_stream(body, request_id="same-1"))
+    assert len(in_process) > 3
+    assert in_process[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert in_process[-1]["choices"] == [] and in_process[-1]["usage"]["completion_tokens"] > 0
+    assert _timeless(in_process) == _timeless(over_http)
+
+
+def test_chat_and_completion_responses_equal_http(http, llm):
+    over_http = http.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "same-2"})
+    assert over_http.status_code == 200
+    assert _timeless([llm.chat(CHAT, request_id="same-2")]) == _timeless([over_http.json()])
+
+    comp = {"model": MODEL, "prompt": ["1, 2, 3,", "a, b, c,"], "max_tokens": 8,
+            "temperature": 0, "n": 1}
+    over_http = http.post("/v1/completions", json=comp, headers={"X-Request-Id": "same-3"})
+    assert over_http.status_code == 200
+    assert _timeless([llm.completion(comp, request_id="same-3")]) == _timeless([over_http.json()])
+
+    stream = dict(comp, stream=True, stream_options={"include_usage": True})
+    over_http = _sse(http, "/v1/completions", stream, "same-4")
+    in_process = list(llm.completion_stream(stream, request_id="same-4"))
+    # Two prompts interleave as their tokens come; each prompt's own order is fixed.
+    key = lambda c: (c["choices"][0]["index"] if c["choices"] else 99)  # noqa: E731
+    assert sorted(_timeless(in_process), key=key) == sorted(_timeless(over_http), key=key)
+
+
+def test_errors_and_early_close(llm):
+    with pytest.raises(aphro.NotFoundError):
+        llm.chat(dict(CHAT, model="other"))
+    with pytest.raises(aphro.BadRequestError) as e:
+        llm.chat(dict(CHAT, response_format={"type": "json_schema"}))
+    assert e.value.param == "response_format"
+    stream = llm.chat_stream(dict(CHAT, stream=True, max_tokens=200))
+    next(stream)
+    stream.close()
+    assert list(stream) == []
+    # The engine is free again: a new request completes.
+    assert llm.chat(dict(CHAT, max_tokens=2))["choices"][0]["finish_reason"] == "length"
+
+
+def test_async_llm_streams_concurrently():
+    async def run():
+        async with aphro.AsyncLLM(str(GGUF), served_model_name=MODEL, **ENGINE) as llm:
+            async def one(i):
+                body = dict(CHAT, stream=True, max_tokens=6, ignore_eos=True,
+                            stream_options=USAGE,
+                            messages=[{"role": "user", "content": f"Count to {i}."}])
+                return [c async for c in llm.chat_stream(body)]
+            return await asyncio.gather(*(one(i) for i in range(3)))
+
+    results = asyncio.run(run())
+    assert all(r[-1]["usage"]["completion_tokens"] == 6 for r in results)
