@@ -6,6 +6,7 @@ use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// vLLM's fallback when no context-length key is found.
 pub const DEFAULT_MAX_MODEL_LEN: usize = 2048;
@@ -99,7 +100,8 @@ pub struct Model {
     /// The `--model` string as given (the served model name by default).
     pub name: String,
     pub source: ModelSource,
-    pub tokenizer: Tokenizer,
+    /// Shared: the serving engine's detokenizer and the renderer read the same one.
+    pub tokenizer: Arc<Tokenizer>,
     /// Chat template source, if the model has one.
     pub chat_template: Option<String>,
     /// Named special tokens the template sees (`bos_token`, `eos_token`, …), in
@@ -469,7 +471,7 @@ impl Model {
         Ok(Self {
             name: name.to_owned(),
             source,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             chat_template,
             special_tokens,
             max_model_len,
@@ -509,7 +511,7 @@ impl Model {
         Ok(Self {
             name: name.to_owned(),
             source: ModelSource::Gguf(path.to_path_buf()),
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             chat_template,
             special_tokens,
             max_model_len,

@@ -832,3 +832,26 @@ fn generate_derender_with_logprobs() {
     assert_eq!(tokens.len(), 3, "{v}");
     assert_eq!(tokens.concat(), content, "{v}");
 }
+
+/// The integrated server loads the model's tokenizer side once: the renderer, the derenderer
+/// and the engine's detokenizer read one `Model` (one tokenizer, one template, one
+/// generation config), not three copies of the files.
+#[test]
+fn integrated_state_shares_one_loaded_model() {
+    use aphro_http::cli::{Cli, Command};
+    use clap::Parser;
+    let model = gguf();
+    let mut argv = vec!["aphro", "serve", model.as_str()];
+    argv.extend(engine_flags());
+    let Command::Serve(args) = Cli::try_parse_from(argv).expect("argv").command else {
+        panic!("not serve");
+    };
+    let state = aphro_http::cli::serve::build_state(args).expect("state");
+    let engine_model = state.engine.as_ref().and_then(|e| e.model()).expect("engine model");
+    let renderer = state.renderer.as_ref().expect("renderer");
+    let derenderer = state.derenderer.as_ref().expect("derenderer");
+    assert!(std::ptr::eq(renderer.model(), engine_model.as_ref()));
+    assert!(std::ptr::eq(derenderer.model(), engine_model.as_ref()));
+    let engine_tok = state.engine.as_ref().and_then(|e| e.tokenizer()).expect("tokenizer");
+    assert!(std::sync::Arc::ptr_eq(engine_tok, &engine_model.tokenizer));
+}

@@ -283,6 +283,9 @@ impl OutputMode {
 /// The engine behind `/inference/v1/generate`. All methods take `&self`; share it in an `Arc`.
 pub struct ServingEngine {
     engine: Engine,
+    /// The tokenizer-side model (tokenizer, chat template, generation defaults) as loaded
+    /// here, for a renderer and derenderer of the same process to share.
+    model: Option<Arc<Model>>,
     tokenizer: Option<Arc<Tokenizer>>,
     defaults: GenerationDefaults,
     /// generation_config EOS ids the weights' config did not list (stop like stop ids).
@@ -425,7 +428,7 @@ impl ServingEngine {
                 seed: cfg.seed,
             },
         )?;
-        let (tokenizer, defaults, extra_eos) = match core_model {
+        let (tokenizer, defaults, extra_eos) = match &core_model {
             Some(m) => {
                 let extra: Vec<u32> = m
                     .eos_token_ids
@@ -433,14 +436,15 @@ impl ServingEngine {
                     .copied()
                     .filter(|e| !runner_eos.contains(e))
                     .collect();
-                let tok =
-                    (!cfg.tokens_only && !cfg.skip_tokenizer_init).then(|| Arc::new(m.tokenizer));
-                (tok, m.generation_defaults, extra)
+                let tok = (!cfg.tokens_only && !cfg.skip_tokenizer_init)
+                    .then(|| Arc::clone(&m.tokenizer));
+                (tok, m.generation_defaults.clone(), extra)
             }
             None => (None, GenerationDefaults::default(), Vec::new()),
         };
         Ok(Self {
             engine,
+            model: core_model.map(Arc::new),
             tokenizer,
             defaults,
             extra_eos,
@@ -462,6 +466,13 @@ impl ServingEngine {
 
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
         self.tokenizer.as_ref()
+    }
+
+    /// The model's tokenizer side as this engine loaded it (generation config applied), when
+    /// it could be loaded: build a [`aphro_core::Renderer`] and
+    /// [`aphro_core::Derenderer`] on it instead of loading the model files a second time.
+    pub fn model(&self) -> Option<&Arc<Model>> {
+        self.model.as_ref()
     }
 
     pub fn served_model_name(&self) -> &str {

@@ -90,9 +90,14 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
         enable_scale_out: args.enable_scale_out,
         skip_tokenizer_init: args.skip_tokenizer_init,
     };
-    let mut state = AppState::new(settings).with_engine(engine);
+    let mut state = AppState::new(settings).with_engine(engine.clone());
     if !args.tokens_only && !args.skip_tokenizer_init {
-        let model = Arc::new(args.frontend.load_model(&model_path)?);
+        // The engine loaded the tokenizer side with the same generation config: the renderer
+        // and derenderer share it rather than reading the model files again.
+        let model = match engine.model() {
+            Some(m) => Arc::clone(m),
+            None => Arc::new(args.frontend.load_model(&model_path)?),
+        };
         let renderer = build_renderer(
             model.clone(),
             &args.frontend,
