@@ -7,17 +7,18 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::activation::Q8Acts;
-use super::dequant::dequantize_into;
+use super::dequant::{dequantize_into, dequantize_packed};
 use super::format::{QuantError, QuantType};
 use super::kernels::{dot_f32, group_dot};
-use super::packed::{self, GROUP};
-use super::repack::pack;
+use super::packed::{Packing, BLOCK, GROUP};
+use super::repack::{pack, unpack_classic_row};
 
 /// A row-major `[rows, cols]` matrix of ggml blocks.
 ///
-/// Formats with a fused kernel (Q8_0, Q4_0, Q4_1) are repacked at construction into groups of
-/// [`GROUP`] rows interleaved block by block (see [`packed`]), so one SIMD load serves eight
-/// output rows and their scales load as one vector; the others keep ggml's layout.
+/// Formats with a fused kernel (all but the 16-bit floats) are repacked at construction
+/// into groups of [`GROUP`] rows interleaved block by block (see [`super::packed`]), so one
+/// SIMD load serves eight output rows and their scales load as one vector; the 16-bit
+/// floats keep their bytes.
 #[derive(Clone)]
 pub struct QuantMatrix {
     pub ty: QuantType,
@@ -93,10 +94,9 @@ impl QuantMatrix {
     /// From ggml-layout bytes (rows of whole blocks, as in a GGUF file).
     pub fn new(ty: QuantType, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, QuantError> {
         Self::check_size(ty, rows, cols, data.len())?;
-        let data = if ty.has_fused_kernel() {
-            pack(ty, rows, cols, &data)
-        } else {
-            data
+        let data = match Packing::of(ty) {
+            Some(p) => pack(ty, p, rows, cols, &data),
+            None => data,
         };
         Ok(Self {
             ty,
@@ -118,42 +118,21 @@ impl QuantMatrix {
 
     /// 32-column blocks per row of the packed layout.
     fn blocks_per_row(&self) -> usize {
-        self.cols / 32
+        self.cols / BLOCK
     }
 
     /// Row `r` in ggml's layout (gathered from the interleaved groups), or `None` for the
     /// K-quants, whose packed form keeps values but not ggml's super-block encoding.
     pub fn row(&self, r: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
         let rb = self.row_bytes();
-        if !self.ty.has_fused_kernel() {
+        let Some(p) = Packing::of(self.ty) else {
+            // The 16-bit floats are stored as they are.
             return Some(std::borrow::Cow::Borrowed(&self.data[r * rb..(r + 1) * rb]));
-        }
-        if !self.ty.packs_losslessly() {
-            return None;
-        }
-        let ty = self.ty;
-        let (_, bb) = ty.block_layout();
-        let (hdr, qoff, qsb) = (
-            packed::header_bytes(ty),
-            packed::ggml_qs_offset(ty),
-            packed::qs_bytes(ty),
-        );
-        let gbb = packed::group_block_bytes(ty);
-        let (g, k) = (r / GROUP, r % GROUP);
-        let nb = self.blocks_per_row();
-        let mut out = vec![0u8; rb];
-        for (i, o) in out.chunks_exact_mut(bb).enumerate() {
-            let src = &self.data[(g * nb + i) * gbb..(g * nb + i + 1) * gbb];
-            o[..2].copy_from_slice(&src[2 * k..2 * k + 2]);
-            if ty == QuantType::Q4_1 {
-                o[2..4].copy_from_slice(&src[16 + 2 * k..16 + 2 * k + 2]);
-            }
-            for w in 0..qsb / 4 {
-                let at = hdr + w * 32 + 4 * k;
-                o[qoff + 4 * w..qoff + 4 * w + 4].copy_from_slice(&src[at..at + 4]);
-            }
-        }
-        Some(std::borrow::Cow::Owned(out))
+        };
+        let fields = self.ty.classic_fields()?;
+        let (_, bb) = self.ty.block_layout();
+        let row = unpack_classic_row(p, fields, &self.data, r, self.blocks_per_row(), (bb, rb));
+        Some(std::borrow::Cow::Owned(row))
     }
 
     pub fn size_bytes(&self) -> usize {
@@ -163,43 +142,18 @@ impl QuantMatrix {
     /// Dequantize one row into `out` (`cols` values): the same floats as ggml's
     /// dequantization of the original blocks.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        if let Some(row) = self.row(r) {
-            dequantize_into(self.ty, &row, out);
+        let Some(p) = Packing::of(self.ty) else {
+            // The 16-bit floats are stored as they are.
+            let rb = self.row_bytes();
+            dequantize_into(self.ty, &self.data[r * rb..(r + 1) * rb], out);
             return;
-        }
-        // `D * q + M` (Q4_K, Q5_K, Q5_1) or `D * q` (Q6_K) from the packed group.
-        let ty = self.ty;
-        let gbb = packed::group_block_bytes(ty);
+        };
+        let gbb = p.group_block_bytes();
         let (g, k) = (r / GROUP, r % GROUP);
         let nb = self.blocks_per_row();
-        for (i, o) in out.chunks_exact_mut(32).take(nb).enumerate() {
+        for (i, o) in out.chunks_exact_mut(BLOCK).take(nb).enumerate() {
             let b = &self.data[(g * nb + i) * gbb..(g * nb + i + 1) * gbb];
-            let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-            if matches!(ty, QuantType::Q5K | QuantType::Q5_1) {
-                let (dd, m) = (f(4 * k), f(32 + 4 * k));
-                for w in 0..8 {
-                    for j in 0..4 {
-                        o[4 * w + j] = dd * b[64 + 32 * w + 4 * k + j] as f32 + m;
-                    }
-                }
-            } else if ty == QuantType::Q4K {
-                let (dd, m) = (f(4 * k), f(32 + 4 * k));
-                for w in 0..4 {
-                    for j in 0..4 {
-                        let q = b[64 + 32 * w + 4 * k + j];
-                        o[4 * w + j] = dd * (q & 0xF) as f32 + m;
-                        o[16 + 4 * w + j] = dd * (q >> 4) as f32 + m;
-                    }
-                }
-            } else {
-                let (lo, hi) = (f(4 * k), f(32 + 4 * k));
-                for w in 0..8 {
-                    let dd = if w < 4 { lo } else { hi };
-                    for j in 0..4 {
-                        o[4 * w + j] = dd * (b[64 + 32 * w + 4 * k + j] as i8) as f32;
-                    }
-                }
-            }
+            dequantize_packed(p, b, k, o);
         }
     }
 
@@ -217,11 +171,11 @@ impl QuantMatrix {
     /// same arithmetic whatever `tokens` is, so results do not depend on batch composition.
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         debug_assert_eq!(x.len(), tokens * self.cols);
-        if !self.ty.has_fused_kernel() {
+        let Some(p) = Packing::of(self.ty) else {
             return self.matmul_dequantizing(x, tokens);
-        }
+        };
         let acts = Q8Acts::quantize(x, tokens, self.cols);
-        Self::fused_matmuls(&[self], &acts, tokens)
+        Self::fused_matmuls(&[(self, p)], &acts, tokens)
             .pop()
             .unwrap_or_default()
     }
@@ -231,36 +185,48 @@ impl QuantMatrix {
     /// exactly what [`Self::matmul`] gives.
     pub fn matmul_many(mats: &[&QuantMatrix], x: &[f32], tokens: usize) -> Vec<Vec<f32>> {
         let cols = mats.first().map_or(0, |m| m.cols);
-        let fusable = mats
+        // Every matrix packed and of the same width, or each runs alone.
+        let packed: Option<Vec<(&QuantMatrix, Packing)>> = mats
             .iter()
-            .all(|m| m.ty.has_fused_kernel() && m.cols == cols);
-        if !fusable || x.len() != tokens * cols {
-            return mats.iter().map(|m| m.matmul(x, tokens)).collect();
+            .map(|&m| Packing::of(m.ty).filter(|_| m.cols == cols).map(|p| (m, p)))
+            .collect();
+        match packed {
+            Some(packed) if x.len() == tokens * cols => {
+                let acts = Q8Acts::quantize(x, tokens, cols);
+                Self::fused_matmuls(&packed, &acts, tokens)
+            }
+            _ => mats.iter().map(|m| m.matmul(x, tokens)).collect(),
         }
-        let acts = Q8Acts::quantize(x, tokens, cols);
-        Self::fused_matmuls(mats, &acts, tokens)
     }
 
-    /// `[tokens, rows]` results of fused-format matrices against quantized activations.
-    fn fused_matmuls(mats: &[&QuantMatrix], acts: &Q8Acts, tokens: usize) -> Vec<Vec<f32>> {
-        let mut outs: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.rows * tokens]).collect();
-        let total_groups: usize = mats.iter().map(|m| m.rows.div_ceil(GROUP)).sum();
+    /// `[tokens, rows]` results of packed matrices (each with its packing, which picks its
+    /// kernel) against quantized activations.
+    fn fused_matmuls(
+        mats: &[(&QuantMatrix, Packing)],
+        acts: &Q8Acts,
+        tokens: usize,
+    ) -> Vec<Vec<f32>> {
+        let mut outs: Vec<Vec<f32>> = mats
+            .iter()
+            .map(|(m, _)| vec![0f32; m.rows * tokens])
+            .collect();
+        let total_groups: usize = mats.iter().map(|(m, _)| m.rows.div_ceil(GROUP)).sum();
         let groups_per_task = (total_groups / (rayon::current_num_threads() * 8)).clamp(1, 8);
-        // (matrix, first group, output rows of those groups), over every matrix.
-        let mut tasks: Vec<(&QuantMatrix, usize, &mut [f32])> = Vec::new();
-        for (m, out) in mats.iter().zip(outs.iter_mut()) {
+        // (matrix, its packing, first group, output rows of those groups), over every matrix.
+        type Task<'a> = (&'a QuantMatrix, Packing, usize, &'a mut [f32]);
+        let mut tasks: Vec<Task<'_>> = Vec::new();
+        for (&(m, p), out) in mats.iter().zip(outs.iter_mut()) {
             for (i, chunk) in out.chunks_mut(tokens * GROUP * groups_per_task).enumerate() {
-                tasks.push((m, i * groups_per_task, chunk));
+                tasks.push((m, p, i * groups_per_task, chunk));
             }
         }
-        let run =
-            |(m, g0, out): (&QuantMatrix, usize, &mut [f32])| m.fill_groups(acts, g0, out, tokens);
+        let run = |(m, p, g0, out): Task<'_>| m.fill_groups(p, acts, g0, out, tokens);
         if tasks.len() > 1 {
             tasks.into_par_iter().for_each(run);
         } else {
             tasks.into_iter().for_each(run);
         }
-        for (m, out) in mats.iter().zip(outs.iter_mut()) {
+        for ((m, _), out) in mats.iter().zip(outs.iter_mut()) {
             if tokens > 1 {
                 *out = transpose(out, m.rows, tokens);
             }
@@ -268,10 +234,11 @@ impl QuantMatrix {
         outs
     }
 
-    /// Rows of groups `g0..` into `out` (`[rows, tokens]`, as many groups as it holds).
-    fn fill_groups(&self, acts: &Q8Acts, g0: usize, out: &mut [f32], tokens: usize) {
+    /// Rows of groups `g0..` into `out` (`[rows, tokens]`, as many groups as it holds);
+    /// `p` is this matrix's packing.
+    fn fill_groups(&self, p: Packing, acts: &Q8Acts, g0: usize, out: &mut [f32], tokens: usize) {
         let nb = self.blocks_per_row();
-        let gbb = packed::group_block_bytes(self.ty);
+        let gbb = p.group_block_bytes();
         for (gi, out) in out.chunks_mut(tokens * GROUP).enumerate() {
             let g = g0 + gi;
             let group = &self.data[g * nb * gbb..(g + 1) * nb * gbb];
@@ -283,10 +250,10 @@ impl QuantMatrix {
                 let mut res = [[0f32; GROUP]; 4];
                 let rows = [0, 1, 2, 3].map(|i| acts.row((t + i).min(tokens - 1)));
                 match n {
-                    4 => group_dot::<4>(self.ty, group, rows, &mut res),
-                    3 => group_dot::<3>(self.ty, group, rows, &mut res),
-                    2 => group_dot::<2>(self.ty, group, rows, &mut res),
-                    _ => group_dot::<1>(self.ty, group, rows, &mut res),
+                    4 => group_dot::<4>(p, group, rows, &mut res),
+                    3 => group_dot::<3>(p, group, rows, &mut res),
+                    2 => group_dot::<2>(p, group, rows, &mut res),
+                    _ => group_dot::<1>(p, group, rows, &mut res),
                 }
                 for (i, res) in res[..n].iter().enumerate() {
                     for (k, &v) in res.iter().enumerate() {
@@ -300,7 +267,7 @@ impl QuantMatrix {
         }
     }
 
-    /// K-quants and 16-bit floats: dequantize a row at a time and use f32 dots.
+    /// The 16-bit floats: widen a row at a time and use f32 dots.
     fn matmul_dequantizing(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         let cols = self.cols;
         let mut out_t = vec![0f32; self.rows * tokens];

@@ -1,27 +1,43 @@
 //! ggml bytes → the forms the kernels read: rows repacked into the interleaved groups of
-//! [`super::packed`] (the K-quants' scales multiplied out to f32), and Q5_0 blocks rewritten
-//! as Q8_0 blocks with the same values.
+//! [`super::packed`] (the K-quants' scales multiplied out to f32), their read-back for the
+//! formats packed byte for byte, and Q5_0 blocks rewritten as Q8_0 blocks with the same
+//! values.
 
 use rayon::prelude::*;
 
-use super::dequant::q4k_scale_min;
+use super::format::ggml::{self, q4k, q5_0, q5_1, q5k, q6k, q8_0, Classic};
 use super::format::{f16_at, QuantType};
-use super::packed::{self, GROUP};
+use super::packed::{Packing, BLOCK, GROUP, HIGH_NIBBLE_COLS, LANE_BYTES};
 
-/// ggml rows → the interleaved groups of [`packed`].
-pub(super) fn pack(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
-    if !ty.packs_losslessly() {
-        return pack_kquant(ty, rows, cols, src);
+/// ggml rows → the interleaved groups of [`super::packed`], for a format with packing `p`.
+pub(super) fn pack(ty: QuantType, p: Packing, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
+    let geometry = ty.block_layout();
+    match ty {
+        QuantType::Q8_0 => pack_classic(p, q8_0::CLASSIC, geometry, rows, cols, src),
+        QuantType::Q4_0 => pack_classic(p, ggml::q4_0::CLASSIC, geometry, rows, cols, src),
+        QuantType::Q4_1 => pack_classic(p, ggml::q4_1::CLASSIC, geometry, rows, cols, src),
+        QuantType::Q4K => pack_expanded(p, geometry, rows, cols, src, q4k_block32),
+        QuantType::Q5K => pack_expanded(p, geometry, rows, cols, src, q5k_block32),
+        QuantType::Q5_1 => pack_expanded(p, geometry, rows, cols, src, q5_1_block32),
+        QuantType::Q6K => pack_expanded(p, geometry, rows, cols, src, q6k_block32),
+        QuantType::F16 | QuantType::BF16 => unreachable!("{ty:?} has no packing"),
     }
-    let (block, bb) = ty.block_layout();
+}
+
+/// Q8_0/Q4_0/Q4_1 rows → packed groups holding ggml's bytes: each block's f16 scale(s)
+/// into the header, its quants 4 bytes a lane.
+fn pack_classic(
+    p: Packing,
+    f: Classic,
+    (block, bb): (usize, usize),
+    rows: usize,
+    cols: usize,
+    src: &[u8],
+) -> Vec<u8> {
     let nb = cols / block;
     let rb = nb * bb;
-    let gbb = packed::group_block_bytes(ty);
-    let (hdr, qoff, qsb) = (
-        packed::header_bytes(ty),
-        packed::ggml_qs_offset(ty),
-        packed::qs_bytes(ty),
-    );
+    let gbb = p.group_block_bytes();
+    let sb = p.scale_bytes();
     let groups = rows.div_ceil(GROUP);
     let mut out = vec![0u8; groups * nb * gbb];
     out.par_chunks_mut((nb * gbb).max(1))
@@ -35,13 +51,13 @@ pub(super) fn pack(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u
                 let row = &src[r * rb..(r + 1) * rb];
                 for (i, b) in row.chunks_exact(bb).enumerate() {
                     let o = &mut dst[i * gbb..(i + 1) * gbb];
-                    o[2 * k..2 * k + 2].copy_from_slice(&b[..2]);
-                    if ty == QuantType::Q4_1 {
-                        o[16 + 2 * k..16 + 2 * k + 2].copy_from_slice(&b[2..4]);
+                    o[p.d_at(k)..p.d_at(k) + sb].copy_from_slice(&b[f.d..f.d + sb]);
+                    if let Some(m) = f.m {
+                        o[p.m_at(k)..p.m_at(k) + sb].copy_from_slice(&b[m..m + sb]);
                     }
-                    for w in 0..qsb / 4 {
-                        let at = hdr + w * 32 + 4 * k;
-                        o[at..at + 4].copy_from_slice(&b[qoff + 4 * w..qoff + 4 * w + 4]);
+                    for w in 0..p.vectors() {
+                        let (at, from) = (p.quant_at(w, k), f.qs + LANE_BYTES * w);
+                        o[at..at + LANE_BYTES].copy_from_slice(&b[from..from + LANE_BYTES]);
                     }
                 }
             }
@@ -49,15 +65,50 @@ pub(super) fn pack(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u
     out
 }
 
-/// Q4_K/Q5_K/Q6_K/Q5_1 rows → packed groups: each 32 columns get their f32 scale(s) multiplied out
-/// as ggml's dequantization does (`d * sc`, `dmin * m`) and their quants in the 8-bit or
-/// Q4_0-nibble order of [`packed`].
-fn pack_kquant(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
-    let (block, bb) = ty.block_layout();
+/// Row `r` of a matrix packed by [`pack_classic`] (`nb` blocks a row) back in ggml's
+/// bytes: `bb` bytes a block, `rb` a row.
+pub(super) fn unpack_classic_row(
+    p: Packing,
+    f: Classic,
+    data: &[u8],
+    r: usize,
+    nb: usize,
+    (bb, rb): (usize, usize),
+) -> Vec<u8> {
+    let gbb = p.group_block_bytes();
+    let sb = p.scale_bytes();
+    let (g, k) = (r / GROUP, r % GROUP);
+    let mut out = vec![0u8; rb];
+    for (i, o) in out.chunks_exact_mut(bb).enumerate() {
+        let src = &data[(g * nb + i) * gbb..(g * nb + i + 1) * gbb];
+        o[f.d..f.d + sb].copy_from_slice(&src[p.d_at(k)..p.d_at(k) + sb]);
+        if let Some(m) = f.m {
+            o[m..m + sb].copy_from_slice(&src[p.m_at(k)..p.m_at(k) + sb]);
+        }
+        for w in 0..p.vectors() {
+            let (at, to) = (p.quant_at(w, k), f.qs + LANE_BYTES * w);
+            o[to..to + LANE_BYTES].copy_from_slice(&src[at..at + LANE_BYTES]);
+        }
+    }
+    out
+}
+
+/// Q4_K/Q5_K/Q6_K/Q5_1 rows → packed groups: each 32 columns get their f32 scale(s)
+/// multiplied out as ggml's dequantization does (`d * sc`, `dmin * m`) and their quants in
+/// the 8-bit or Q4_0-nibble order of [`super::packed`]. `block32(super_block, j)` decodes
+/// columns `32j..32j+32` of one ggml block.
+fn pack_expanded(
+    p: Packing,
+    (block, bb): (usize, usize),
+    rows: usize,
+    cols: usize,
+    src: &[u8],
+    block32: impl Fn(&[u8], usize) -> (f32, f32, [u8; BLOCK]) + Sync,
+) -> Vec<u8> {
     let nsb = cols / block;
     let rb = nsb * bb;
-    let nb = cols / 32;
-    let gbb = packed::group_block_bytes(ty);
+    let nb = cols / BLOCK;
+    let gbb = p.group_block_bytes();
     let groups = rows.div_ceil(GROUP);
     let mut out = vec![0u8; groups * nb * gbb];
     out.par_chunks_mut((nb * gbb).max(1))
@@ -69,23 +120,24 @@ fn pack_kquant(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
                     break;
                 }
                 let row = &src[r * rb..(r + 1) * rb];
-                let per = block / 32;
+                let per = block / BLOCK;
                 for (si, sb) in row.chunks_exact(bb).enumerate() {
                     for j in 0..per {
                         let o = &mut dst[(si * per + j) * gbb..(si * per + j + 1) * gbb];
-                        let (s0, s1, q) = kquant_block32(ty, sb, j);
-                        o[4 * k..4 * k + 4].copy_from_slice(&s0.to_le_bytes());
-                        o[32 + 4 * k..32 + 4 * k + 4].copy_from_slice(&s1.to_le_bytes());
-                        let words = packed::qs_bytes(ty) / 4;
-                        for w in 0..words {
-                            let at = 64 + 32 * w + 4 * k;
-                            if ty == QuantType::Q4K {
-                                for jj in 0..4 {
-                                    let c = 4 * w + jj;
-                                    o[at + jj] = q[c] | (q[c + 16] << 4);
+                        let (s0, s1, q) = block32(sb, j);
+                        o[p.d_at(k)..p.d_at(k) + 4].copy_from_slice(&s0.to_le_bytes());
+                        o[p.m_at(k)..p.m_at(k) + 4].copy_from_slice(&s1.to_le_bytes());
+                        for w in 0..p.vectors() {
+                            let at = p.quant_at(w, k);
+                            if p.is_nibbles() {
+                                for jj in 0..LANE_BYTES {
+                                    let c = LANE_BYTES * w + jj;
+                                    o[at + jj] =
+                                        q[c] | (q[c + HIGH_NIBBLE_COLS] << ggml::NIBBLE_BITS);
                                 }
                             } else {
-                                o[at..at + 4].copy_from_slice(&q[4 * w..4 * w + 4]);
+                                let c = LANE_BYTES * w;
+                                o[at..at + LANE_BYTES].copy_from_slice(&q[c..c + LANE_BYTES]);
                             }
                         }
                     }
@@ -95,67 +147,43 @@ fn pack_kquant(ty: QuantType, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Columns `32j..32j+32` of a K-quant super-block: Q4_K → (`d*sc`, `-dmin*m`, nibbles 0..16);
-/// Q5_K → (`d*sc`, `-dmin*m`, 5-bit `q`); Q5_1 (j = 0) → (`d`, `m`, 5-bit `q`); Q6_K →
-/// (`d*sc` of columns 0..16, of 16..32, `q - 32` as i8 bytes).
-fn kquant_block32(ty: QuantType, b: &[u8], j: usize) -> (f32, f32, [u8; 32]) {
-    let mut q = [0u8; 32];
-    if ty == QuantType::Q5_1 {
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        for l in 0..16 {
-            q[l] = (b[8 + l] & 0xF) | ((((qh >> l) << 4) & 0x10) as u8);
-            q[l + 16] = (b[8 + l] >> 4) | (((qh >> (l + 12)) & 0x10) as u8);
-        }
-        return (f16_at(b, 0), f16_at(b, 2), q);
+/// Columns `32j..32j+32` of a Q4_K super-block: (`d*sc`, `-dmin*m`, the nibbles).
+fn q4k_block32(b: &[u8], j: usize) -> (f32, f32, [u8; BLOCK]) {
+    let d = f16_at(b, q4k::D);
+    let dmin = f16_at(b, q4k::DMIN);
+    let (sc, m) = q4k::scale_min(j, &b[q4k::SCALES..q4k::QS]);
+    let qs = &b[q4k::QS..q4k::BYTES];
+    let q = std::array::from_fn(|l| q4k::nibble(qs, j, l));
+    (d * sc as f32, -(dmin * m as f32), q)
+}
+
+/// Columns `32j..32j+32` of a Q5_K super-block: (`d*sc`, `-dmin*m`, the 5-bit `q`).
+fn q5k_block32(b: &[u8], j: usize) -> (f32, f32, [u8; BLOCK]) {
+    let d = f16_at(b, q5k::D);
+    let dmin = f16_at(b, q5k::DMIN);
+    let (sc, m) = q4k::scale_min(j, &b[q5k::SCALES..q5k::QH]);
+    let (qh, qs) = (&b[q5k::QH..q5k::QS], &b[q5k::QS..q5k::BYTES]);
+    let q = std::array::from_fn(|l| q5k::quant(qh, qs, j, l));
+    (d * sc as f32, -(dmin * m as f32), q)
+}
+
+/// A Q5_1 block (`j` = 0): (`d`, `m`, the 5-bit `q`).
+fn q5_1_block32(b: &[u8], _j: usize) -> (f32, f32, [u8; BLOCK]) {
+    let qh = ggml::q5_high_bits(b, q5_1::QH);
+    let mut q = [0u8; BLOCK];
+    for l in 0..ggml::HALF {
+        (q[l], q[l + ggml::HALF]) = ggml::q5_pair(b[q5_1::QS + l], qh, l);
     }
-    if ty == QuantType::Q5K {
-        let d = f16_at(b, 0);
-        let dmin = f16_at(b, 2);
-        let (sc, m) = q4k_scale_min(j, &b[4..16]);
-        let qh = &b[16..48];
-        let ql = &b[48 + (j / 2) * 32..48 + (j / 2) * 32 + 32];
-        for (l, q) in q.iter_mut().enumerate() {
-            let low = if j.is_multiple_of(2) {
-                ql[l] & 0xF
-            } else {
-                ql[l] >> 4
-            };
-            *q = low | if qh[l] & (1 << j) != 0 { 16 } else { 0 };
-        }
-        return (d * sc as f32, -(dmin * m as f32), q);
-    }
-    if ty == QuantType::Q4K {
-        let d = f16_at(b, 0);
-        let dmin = f16_at(b, 2);
-        let (sc, m) = q4k_scale_min(j, &b[4..16]);
-        let qs = &b[16 + (j / 2) * 32..16 + (j / 2) * 32 + 32];
-        for (l, q) in q.iter_mut().enumerate() {
-            *q = if j.is_multiple_of(2) {
-                qs[l] & 0xF
-            } else {
-                qs[l] >> 4
-            };
-        }
-        return (d * sc as f32, -(dmin * m as f32), q);
-    }
-    // Q6_K: column e = 128n + 32 quarter + l (l < 32) sits in ql/qh by ggml's layout; its
-    // scale is sc[8n + 2 quarter + l / 16].
-    let d = f16_at(b, 208);
+    (f16_at(b, q5_1::D), f16_at(b, q5_1::M), q)
+}
+
+/// Columns `32j..32j+32` of a Q6_K super-block: (`d*sc` of columns 0..16, of 16..32,
+/// `q - 32` as i8 bytes).
+fn q6k_block32(b: &[u8], j: usize) -> (f32, f32, [u8; BLOCK]) {
+    let d = f16_at(b, q6k::D);
     let (n, quarter) = (j / 4, j % 4);
-    let ql = &b[n * 64..n * 64 + 64];
-    let qh = &b[128 + n * 32..128 + n * 32 + 32];
-    let sc = &b[192 + n * 8..192 + n * 8 + 8];
-    for (l, q) in q.iter_mut().enumerate() {
-        let low = match quarter {
-            0 => ql[l] & 0xF,
-            1 => ql[l + 32] & 0xF,
-            2 => ql[l] >> 4,
-            _ => ql[l + 32] >> 4,
-        };
-        let high = (qh[l] >> (2 * quarter)) & 3;
-        *q = ((low | (high << 4)) as i32 - 32) as i8 as u8;
-    }
-    let s = |i: usize| d * (sc[2 * quarter + i] as i8) as f32;
+    let q = std::array::from_fn(|l| q6k::quant(b, n, quarter, l) as i8 as u8);
+    let s = |half: usize| d * q6k::scale(b, n, quarter, half) as f32;
     (s(0), s(1), q)
 }
 
@@ -164,19 +192,17 @@ fn kquant_block32(ty: QuantType, b: &[u8], j: usize) -> (f32, f32, [u8; 32]) {
 /// and dequantization serve Q5_0 tensors (llama.cpp's fallback for rows not a multiple of
 /// 256 in K-quant files). A trailing partial block is dropped (sizes are checked after).
 pub fn q5_0_to_q8_0(src: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(src.len() / 22 * 34);
-    for b in src.chunks_exact(22) {
-        out.extend_from_slice(&b[..2]);
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        let qs = &b[6..22];
-        let mut q = [0u8; 32];
-        for j in 0..16 {
-            let h0 = ((qh >> j) << 4) & 0x10;
-            let h1 = (qh >> (j + 12)) & 0x10;
-            q[j] = (((qs[j] & 0x0F) as u32 | h0) as i32 - 16) as i8 as u8;
-            q[j + 16] = (((qs[j] >> 4) as u32 | h1) as i32 - 16) as i8 as u8;
+    let mut out = Vec::with_capacity(src.len() / q5_0::BYTES * q8_0::BYTES);
+    for b in src.chunks_exact(q5_0::BYTES) {
+        let mut o = [0u8; q8_0::BYTES];
+        o[q8_0::D..q8_0::D + 2].copy_from_slice(&b[q5_0::D..q5_0::D + 2]);
+        let qh = ggml::q5_high_bits(b, q5_0::QH);
+        for j in 0..ggml::HALF {
+            let (lo, hi) = ggml::q5_pair(b[q5_0::QS + j], qh, j);
+            o[q8_0::QS + j] = (lo as i32 - q5_0::OFFSET) as i8 as u8;
+            o[q8_0::QS + j + ggml::HALF] = (hi as i32 - q5_0::OFFSET) as i8 as u8;
         }
-        out.extend_from_slice(&q);
+        out.extend_from_slice(&o);
     }
     out
 }

@@ -5,8 +5,7 @@
 use half::f16;
 
 use super::activation::Q8Row;
-use super::format::QuantType;
-use super::packed::{self, GROUP};
+use super::packed::{Packing, BLOCK, GROUP};
 
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -14,19 +13,19 @@ mod x86;
 
 use scalar::{dot_f32_generic, group_dot_scalar};
 
-/// One packed row group against `T` activation rows: `out[t][k]` for the group's 8 rows.
-/// `rows` beyond `T` are ignored.
+/// One packed row group of packing `p` against `T` activation rows: `out[t][k]` for the
+/// group's 8 rows. `rows` beyond `T` are ignored.
 #[allow(unsafe_code)]
 pub(super) fn group_dot<const T: usize>(
-    ty: QuantType,
+    p: Packing,
     group: &[u8],
     rows: [Q8Row<'_>; 4],
     out: &mut [[f32; GROUP]; 4],
 ) {
-    let nb = group.len() / packed::group_block_bytes(ty);
+    let nb = group.len() / p.group_block_bytes();
     for r in &rows[..T] {
         assert!(
-            r.qs.len() >= nb * 32 && r.d.len() >= nb && r.s.len() >= nb && r.sum.len() >= nb,
+            r.qs.len() >= nb * BLOCK && r.d.len() >= nb && r.s.len() >= nb && r.sum.len() >= nb,
             "activation row shorter than the weights"
         );
     }
@@ -36,17 +35,17 @@ pub(super) fn group_dot<const T: usize>(
             // SAFETY: the CPU has AVX-512 VNNI/VL, AVX2, FMA and F16C (checked at run time);
             // every activation row covers `nb` blocks (asserted above) and the group is
             // `nb` whole group-blocks.
-            unsafe { x86::group_dot_vnni::<T>(ty, group, nb, &rows, out) };
+            unsafe { x86::group_dot_vnni::<T>(p, group, nb, &rows, out) };
             return;
         }
         if has_avx2() {
             // SAFETY: as above, with AVX2, FMA and F16C.
-            unsafe { x86::group_dot_avx2::<T>(ty, group, nb, &rows, out) };
+            unsafe { x86::group_dot_avx2::<T>(p, group, nb, &rows, out) };
             return;
         }
     }
     for t in 0..T {
-        out[t] = group_dot_scalar(ty, group, nb, rows[t]);
+        out[t] = group_dot_scalar(p, group, nb, rows[t]);
     }
 }
 
@@ -124,15 +123,16 @@ mod tests {
             };
             for &(rows, cols) in shapes {
                 let m = random_matrix(ty, rows, cols, &mut seed);
-                let nb = cols / 32;
+                let p = Packing::of(ty).expect("block formats are packed");
+                let nb = cols / BLOCK;
                 let x = random_x(4 * cols, &mut seed);
                 let acts = Q8Acts::quantize(&x, 4, cols);
                 let a = [0, 1, 2, 3].map(|t| acts.row(t));
-                let gbb = packed::group_block_bytes(ty);
+                let gbb = p.group_block_bytes();
                 for g in 0..rows.div_ceil(GROUP) {
                     let group = &m.data[g * nb * gbb..(g + 1) * nb * gbb];
                     let want: Vec<[f32; GROUP]> = (0..4)
-                        .map(|t| group_dot_scalar(ty, group, nb, a[t]))
+                        .map(|t| group_dot_scalar(p, group, nb, a[t]))
                         .collect();
                     let check = |name: &str, got: &[[f32; GROUP]; 4], n: usize| {
                         for t in 0..n {
@@ -140,23 +140,23 @@ mod tests {
                         }
                     };
                     let mut got = [[0f32; GROUP]; 4];
-                    group_dot::<4>(ty, group, a, &mut got);
+                    group_dot::<4>(p, group, a, &mut got);
                     check("dispatch", &got, 4);
-                    group_dot::<1>(ty, group, a, &mut got);
+                    group_dot::<1>(p, group, a, &mut got);
                     check("dispatch", &got, 1);
                     #[cfg(target_arch = "x86_64")]
                     {
                         if has_avx2() {
                             // SAFETY: AVX2/FMA/F16C present; shapes as in `group_dot`.
                             unsafe {
-                                x86::group_dot_avx2::<3>(ty, group, nb, &a, &mut got);
+                                x86::group_dot_avx2::<3>(p, group, nb, &a, &mut got);
                             }
                             check("avx2", &got, 3);
                         }
                         if has_avx512_vnni() {
                             // SAFETY: AVX-512 VNNI/VL present; shapes as in `group_dot`.
                             unsafe {
-                                x86::group_dot_vnni::<2>(ty, group, nb, &a, &mut got);
+                                x86::group_dot_vnni::<2>(p, group, nb, &a, &mut got);
                             }
                             check("vnni", &got, 2);
                         }

@@ -3,81 +3,77 @@
 //! f32 dot that LLVM vectorizes.
 
 use super::super::activation::Q8Row;
-use super::super::format::{f16_at, QuantType};
-use super::super::packed::{self, GROUP};
+use super::super::format::f16_at;
+use super::super::format::ggml::{q4_0, NIBBLE_BITS, NIBBLE_MASK};
+use super::super::packed::{Packing, BLOCK, GROUP, HIGH_NIBBLE_COLS, LANE_BYTES};
 
 /// Scalar reference of the group kernels, with the same float operations in the same
 /// order (exact integer block dots, then `acc = fma(dw * dx, dot, acc)` and, for Q4_1,
 /// `acc = fma(m, s, acc)` per block).
-pub(super) fn group_dot_scalar(
-    ty: QuantType,
-    group: &[u8],
-    nb: usize,
-    a: Q8Row<'_>,
-) -> [f32; GROUP] {
-    let gbb = packed::group_block_bytes(ty);
-    let hdr = packed::header_bytes(ty);
+pub(super) fn group_dot_scalar(p: Packing, group: &[u8], nb: usize, a: Q8Row<'_>) -> [f32; GROUP] {
+    let gbb = p.group_block_bytes();
     let mut acc = [0f32; GROUP];
     for i in 0..nb {
         let b = &group[i * gbb..(i + 1) * gbb];
-        let x = &a.qs[32 * i..32 * i + 32];
+        let x = &a.qs[BLOCK * i..BLOCK * i + BLOCK];
+        let f32_at = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         for (k, acc) in acc.iter_mut().enumerate() {
-            let mut dot = 0i32;
-            match ty {
-                QuantType::Q6K => {
-                    let f =
-                        |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                    for (half, at) in [(0, 4 * k), (1, 32 + 4 * k)] {
-                        let mut dot = 0i32;
-                        for w in 4 * half..4 * half + 4 {
-                            for j in 0..4 {
-                                let q = b[hdr + 32 * w + 4 * k + j] as i8 as i32;
-                                dot += q * x[4 * w + j] as i32;
-                            }
-                        }
-                        *acc = (f(at) * a.d[i]).mul_add(dot as f32, *acc);
-                    }
-                    continue;
-                }
-                QuantType::Q8_0 => {
-                    for w in 0..8 {
-                        for j in 0..4 {
-                            let q = b[hdr + 32 * w + 4 * k + j] as i8 as i32;
-                            dot += q * x[4 * w + j] as i32;
-                        }
+            // Row `k`'s byte `j` of quant vector `w`, and the activation of its column.
+            let byte = |w: usize, j: usize| b[p.quant_at(w, k) + j];
+            let xi = |c: usize| x[c] as i32;
+            // Bytes times activations over vectors `ws`, the bytes read as i8 or as u8.
+            let byte_dot = |ws: std::ops::Range<usize>, signed: bool| {
+                let mut dot = 0i32;
+                for w in ws {
+                    for j in 0..LANE_BYTES {
+                        let q = if signed {
+                            byte(w, j) as i8 as i32
+                        } else {
+                            byte(w, j) as i32
+                        };
+                        dot += q * xi(LANE_BYTES * w + j);
                     }
                 }
-                QuantType::Q5K | QuantType::Q5_1 => {
-                    for w in 0..8 {
-                        for j in 0..4 {
-                            dot += b[hdr + 32 * w + 4 * k + j] as i32 * x[4 * w + j] as i32;
-                        }
+                dot
+            };
+            let nibble_dot = || {
+                let mut dot = 0i32;
+                for w in 0..p.vectors() {
+                    for j in 0..LANE_BYTES {
+                        let (q, c) = (byte(w, j), LANE_BYTES * w + j);
+                        dot += (q & NIBBLE_MASK) as i32 * xi(c)
+                            + (q >> NIBBLE_BITS) as i32 * xi(c + HIGH_NIBBLE_COLS);
                     }
                 }
-                _ => {
-                    for w in 0..4 {
-                        for j in 0..4 {
-                            let q = b[hdr + 32 * w + 4 * k + j];
-                            dot += (q & 0xF) as i32 * x[4 * w + j] as i32
-                                + (q >> 4) as i32 * x[16 + 4 * w + j] as i32;
-                        }
-                    }
-                    if ty == QuantType::Q4_0 {
-                        dot -= 8 * a.sum[i];
+                dot
+            };
+            // f16 `d` (ggml's) times the activation scale.
+            let classic = |acc: &mut f32, dot: i32| {
+                let dw = f16_at(b, p.d_at(k));
+                *acc = (dw * a.d[i]).mul_add(dot as f32, *acc);
+            };
+            // f32 `D` and `M`, the offset term with the exact activation sum.
+            let expanded = |acc: &mut f32, dot: i32| {
+                *acc = (f32_at(p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
+                *acc = f32_at(p.m_at(k)).mul_add(a.d[i] * a.sum[i] as f32, *acc);
+            };
+            match p {
+                Packing::Q8_0 => classic(acc, byte_dot(0..p.vectors(), true)),
+                Packing::Q4_0 => classic(acc, nibble_dot() - q4_0::OFFSET * a.sum[i]),
+                Packing::Q4_1 => {
+                    classic(acc, nibble_dot());
+                    *acc = f16_at(b, p.m_at(k)).mul_add(a.s[i], *acc);
+                }
+                Packing::Q4K => expanded(acc, nibble_dot()),
+                Packing::U8 => expanded(acc, byte_dot(0..p.vectors(), false)),
+                // Two 16-column halves, each with its own scale.
+                Packing::Q6K => {
+                    let half = p.vectors() / 2;
+                    for (ws, at) in [(0..half, p.d_at(k)), (half..2 * half, p.m_at(k))] {
+                        let dot = byte_dot(ws, true);
+                        *acc = (f32_at(at) * a.d[i]).mul_add(dot as f32, *acc);
                     }
                 }
-            }
-            if matches!(ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q5_1) {
-                let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                *acc = (f(4 * k) * a.d[i]).mul_add(dot as f32, *acc);
-                // The offset term with the exact activation sum.
-                *acc = f(32 + 4 * k).mul_add(a.d[i] * a.sum[i] as f32, *acc);
-                continue;
-            }
-            let dw = f16_at(b, 2 * k);
-            *acc = (dw * a.d[i]).mul_add(dot as f32, *acc);
-            if ty == QuantType::Q4_1 {
-                *acc = f16_at(b, 16 + 2 * k).mul_add(a.s[i], *acc);
             }
         }
     }

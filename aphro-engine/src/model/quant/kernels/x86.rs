@@ -3,9 +3,14 @@
 //! caller checks the CPU features at run time.
 
 #![allow(unsafe_code)]
-use super::super::activation::Q8Row;
-use super::super::format::QuantType;
 use std::arch::x86_64::*;
+
+use super::super::activation::Q8Row;
+use super::super::format::ggml::{q4_0, NIBBLE_BITS, NIBBLE_MASK};
+use super::super::packed::{Packing, BLOCK, GROUP, HIGH_NIBBLE_COLS, LANE_BYTES, VECTOR_BYTES};
+
+/// The shift from a byte's high nibble to its low one, as the shift intrinsics take it.
+const NIBBLE_SHIFT: i32 = NIBBLE_BITS as i32;
 
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
@@ -82,118 +87,138 @@ unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256
     }
 }
 
-/// The 4 activation bytes at `p`, in every i32 lane.
+/// The [`LANE_BYTES`] activation bytes at `p`, in every i32 lane.
 #[inline(always)]
 unsafe fn bcast4(p: *const i8) -> __m256i {
+    const { assert!(LANE_BYTES == 4) };
     _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
 }
 
-/// One packed row group (see `super::super::packed`) against `T` activation rows. `K`: 0 = Q8_0,
-/// 1 = Q4_0, 2 = Q4_1, 3 = Q4_K, 4 = Q6_K, 5 = Q5_K / Q5_1 (u8 quants, f32 `D`/`M`). Lane `k` of every vector is row `k` of the group, so the 8 rows'
-/// results come out as one vector with no horizontal sums.
+/// The 8 rows' scales at `at` of a group-block of packing `K` as f32 lanes: f32 as stored
+/// where packing multiplied them out, ggml's f16 widened otherwise.
+#[inline(always)]
+unsafe fn load_scales<const K: u8>(b: *const u8, at: usize) -> __m256 {
+    const { assert!(GROUP == 8) };
+    if const { Packing::from_id(K).scale_bytes() == 4 } {
+        _mm256_loadu_ps(b.add(at) as *const f32)
+    } else {
+        _mm256_cvtph_ps(_mm_loadu_si128(b.add(at) as *const __m128i))
+    }
+}
+
+/// One packed row group (see [`super::super::packed`]) against `T` activation rows; `K` is
+/// the group's [`Packing`] id, and every offset comes from that packing's geometry. Lane
+/// `k` of every vector is row `k` of the group, so the 8 rows' results come out as one
+/// vector with no horizontal sums.
 #[inline(always)]
 unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
     group: *const u8,
     nb: usize,
     rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; 8]; 4],
+    out: &mut [[f32; GROUP]; 4],
 ) {
-    let gbb = [272usize, 144, 160, 192, 320, 320][K as usize];
-    let hdr = [16usize, 16, 32, 64, 64, 64][K as usize];
-    let mask = _mm256_set1_epi8(0x0F);
+    let p = const { Packing::from_id(K) };
+    let gbb = const { Packing::from_id(K).group_block_bytes() };
+    let vectors = const { Packing::from_id(K).vectors() };
+    const { assert!(VECTOR_BYTES == 32) };
+    let mask = _mm256_set1_epi8(NIBBLE_MASK as i8);
     let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nb {
         // SAFETY (loads below): the caller guarantees `nb` whole group-blocks and that
         // every activation row holds at least `nb` blocks.
         let b = group.add(i * gbb);
         let mut isum = [_mm256_setzero_si256(); T];
-        if K == 4 {
-            // Q6_K: two 16-column halves with their own f32 scales.
-            let mut ihi = [_mm256_setzero_si256(); T];
-            for w in 0..8 {
-                let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
-                let au = _mm256_sign_epi8(wv, wv);
+        // The activation word of columns `c..c + 4` of block `i` for token `t`.
+        let act = |t: usize, c: usize| rows[t].qs.as_ptr().add(BLOCK * i + c);
+        match p {
+            Packing::Q6K => {
+                // Two 16-column halves with their own f32 scales.
+                let mut ihi = [_mm256_setzero_si256(); T];
+                for w in 0..vectors {
+                    let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
+                    let au = _mm256_sign_epi8(wv, wv);
+                    for t in 0..T {
+                        let x = bcast4(act(t, LANE_BYTES * w));
+                        let sx = _mm256_sign_epi8(x, wv);
+                        if w < vectors / 2 {
+                            isum[t] = dot4::<VNNI>(isum[t], au, sx);
+                        } else {
+                            ihi[t] = dot4::<VNNI>(ihi[t], au, sx);
+                        }
+                    }
+                }
+                let dlo = load_scales::<K>(b, p.d_at(0));
+                let dhi = load_scales::<K>(b, p.m_base());
                 for t in 0..T {
-                    let x = bcast4(rows[t].qs.as_ptr().add(32 * i + 4 * w));
-                    let sx = _mm256_sign_epi8(x, wv);
-                    if w < 4 {
-                        isum[t] = dot4::<VNNI>(isum[t], au, sx);
-                    } else {
-                        ihi[t] = dot4::<VNNI>(ihi[t], au, sx);
+                    let dx = _mm256_set1_ps(*rows[t].d.get_unchecked(i));
+                    let lo = _mm256_cvtepi32_ps(isum[t]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dlo, dx), lo, acc[t]);
+                    let hi = _mm256_cvtepi32_ps(ihi[t]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dhi, dx), hi, acc[t]);
+                }
+                continue;
+            }
+            Packing::U8 => {
+                for w in 0..vectors {
+                    let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
+                    for t in 0..T {
+                        let x = bcast4(act(t, LANE_BYTES * w));
+                        isum[t] = dot4::<VNNI>(isum[t], wv, x);
                     }
                 }
             }
-            let dlo = _mm256_loadu_ps(b as *const f32);
-            let dhi = _mm256_loadu_ps(b.add(32) as *const f32);
-            for t in 0..T {
-                let dx = _mm256_set1_ps(*rows[t].d.get_unchecked(i));
-                let lo = _mm256_cvtepi32_ps(isum[t]);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dlo, dx), lo, acc[t]);
-                let hi = _mm256_cvtepi32_ps(ihi[t]);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dhi, dx), hi, acc[t]);
-            }
-            continue;
-        }
-        if K == 5 {
-            for w in 0..8 {
-                let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
-                for t in 0..T {
-                    let x = bcast4(rows[t].qs.as_ptr().add(32 * i + 4 * w));
-                    isum[t] = dot4::<VNNI>(isum[t], wv, x);
+            Packing::Q8_0 => {
+                for w in 0..vectors {
+                    let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
+                    let au = _mm256_sign_epi8(wv, wv);
+                    for t in 0..T {
+                        let x = bcast4(act(t, LANE_BYTES * w));
+                        isum[t] = dot4::<VNNI>(isum[t], au, _mm256_sign_epi8(x, wv));
+                    }
                 }
             }
-        } else if K == 0 {
-            for w in 0..8 {
-                let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
-                let au = _mm256_sign_epi8(wv, wv);
-                for t in 0..T {
-                    let x = bcast4(rows[t].qs.as_ptr().add(32 * i + 4 * w));
-                    isum[t] = dot4::<VNNI>(isum[t], au, _mm256_sign_epi8(x, wv));
-                }
-            }
-        } else {
-            for w in 0..4 {
-                let wv = _mm256_loadu_si256(b.add(hdr + 32 * w) as *const __m256i);
-                let lo = _mm256_and_si256(wv, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
-                for t in 0..T {
-                    let p = rows[t].qs.as_ptr().add(32 * i);
-                    isum[t] = dot4::<VNNI>(isum[t], lo, bcast4(p.add(4 * w)));
-                    isum[t] = dot4::<VNNI>(isum[t], hi, bcast4(p.add(16 + 4 * w)));
+            Packing::Q4_0 | Packing::Q4_1 | Packing::Q4K => {
+                for w in 0..vectors {
+                    let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
+                    let lo = _mm256_and_si256(wv, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, NIBBLE_SHIFT), mask);
+                    for t in 0..T {
+                        let c = LANE_BYTES * w;
+                        isum[t] = dot4::<VNNI>(isum[t], lo, bcast4(act(t, c)));
+                        let x = bcast4(act(t, HIGH_NIBBLE_COLS + c));
+                        isum[t] = dot4::<VNNI>(isum[t], hi, x);
+                    }
                 }
             }
         }
-        let (dw, m) = if K == 3 || K == 5 {
-            (
-                _mm256_loadu_ps(b as *const f32),
-                _mm256_loadu_ps(b.add(32) as *const f32),
-            )
-        } else if K == 2 {
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i)),
-                _mm256_cvtph_ps(_mm_loadu_si128(b.add(16) as *const __m128i)),
-            )
+        let dw = load_scales::<K>(b, p.d_at(0));
+        let m = if p.scales_per_row() == 2 {
+            load_scales::<K>(b, p.m_base())
         } else {
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(b as *const __m128i)),
-                _mm256_setzero_ps(),
-            )
+            _mm256_setzero_ps()
         };
         for t in 0..T {
             let mut dot = isum[t];
-            if K == 1 {
-                let off = 8 * *rows[t].sum.get_unchecked(i);
+            if p == Packing::Q4_0 {
+                let off = q4_0::OFFSET * *rows[t].sum.get_unchecked(i);
                 dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(off));
             }
             let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*rows[t].d.get_unchecked(i)));
             acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[t]);
-            if K == 2 {
-                let s = _mm256_set1_ps(*rows[t].s.get_unchecked(i));
-                acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
-            } else if K == 3 || K == 5 {
-                let sum = *rows[t].sum.get_unchecked(i) as f32;
-                let s = _mm256_set1_ps(*rows[t].d.get_unchecked(i) * sum);
-                acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
+            match p {
+                // `m * s`, the activations' stored `d * sum(q)`.
+                Packing::Q4_1 => {
+                    let s = _mm256_set1_ps(*rows[t].s.get_unchecked(i));
+                    acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
+                }
+                // `M * d * sum(q)` with the exact sum.
+                Packing::Q4K | Packing::U8 => {
+                    let sum = *rows[t].sum.get_unchecked(i) as f32;
+                    let s = _mm256_set1_ps(*rows[t].d.get_unchecked(i) * sum);
+                    acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
+                }
+                // No offset term.
+                Packing::Q8_0 | Packing::Q4_0 | Packing::Q6K => {}
             }
         }
     }
@@ -202,46 +227,46 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
     }
 }
 
+/// The group kernel for packing `p`, picked once per group.
 #[inline(always)]
 unsafe fn group_dot_any<const T: usize, const VNNI: bool>(
-    ty: QuantType,
+    p: Packing,
     group: &[u8],
     nb: usize,
     rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; 8]; 4],
+    out: &mut [[f32; GROUP]; 4],
 ) {
-    let p = group.as_ptr();
-    match ty {
-        QuantType::Q8_0 => group_dot::<T, VNNI, 0>(p, nb, rows, out),
-        QuantType::Q4_0 => group_dot::<T, VNNI, 1>(p, nb, rows, out),
-        QuantType::Q4_1 => group_dot::<T, VNNI, 2>(p, nb, rows, out),
-        QuantType::Q4K => group_dot::<T, VNNI, 3>(p, nb, rows, out),
-        QuantType::Q6K => group_dot::<T, VNNI, 4>(p, nb, rows, out),
-        QuantType::Q5K | QuantType::Q5_1 => group_dot::<T, VNNI, 5>(p, nb, rows, out),
-        _ => {}
+    let g = group.as_ptr();
+    match p {
+        Packing::Q8_0 => group_dot::<T, VNNI, { Packing::Q8_0 as u8 }>(g, nb, rows, out),
+        Packing::Q4_0 => group_dot::<T, VNNI, { Packing::Q4_0 as u8 }>(g, nb, rows, out),
+        Packing::Q4_1 => group_dot::<T, VNNI, { Packing::Q4_1 as u8 }>(g, nb, rows, out),
+        Packing::Q4K => group_dot::<T, VNNI, { Packing::Q4K as u8 }>(g, nb, rows, out),
+        Packing::Q6K => group_dot::<T, VNNI, { Packing::Q6K as u8 }>(g, nb, rows, out),
+        Packing::U8 => group_dot::<T, VNNI, { Packing::U8 as u8 }>(g, nb, rows, out),
     }
 }
 
 /// The group kernel with AVX-512 VNNI's `vpdpbusd` on 256-bit vectors.
 #[target_feature(enable = "avx512vnni,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn group_dot_vnni<const T: usize>(
-    ty: QuantType,
+    p: Packing,
     group: &[u8],
     nb: usize,
     rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; 8]; 4],
+    out: &mut [[f32; GROUP]; 4],
 ) {
-    group_dot_any::<T, true>(ty, group, nb, rows, out)
+    group_dot_any::<T, true>(p, group, nb, rows, out)
 }
 
 /// The group kernel with AVX2 `maddubs` + `madd`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn group_dot_avx2<const T: usize>(
-    ty: QuantType,
+    p: Packing,
     group: &[u8],
     nb: usize,
     rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; 8]; 4],
+    out: &mut [[f32; GROUP]; 4],
 ) {
-    group_dot_any::<T, false>(ty, group, nb, rows, out)
+    group_dot_any::<T, false>(p, group, nb, rows, out)
 }
