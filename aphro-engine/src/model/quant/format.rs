@@ -47,7 +47,7 @@ impl QuantType {
     /// Whether the fused integer kernels handle it (everything but the 16-bit floats):
     /// whether it has a [`Packing`].
     pub fn has_fused_kernel(self) -> bool {
-        Packing::of(self).is_some()
+        Packing::of(self).is_ok()
     }
 
     /// Whether the packed layout can be turned back into ggml's bytes (not the K-quants,
@@ -89,6 +89,10 @@ pub enum QuantError {
         want: usize,
         got: usize,
     },
+    /// A format with no packed layout, hence no fused kernel, where one is needed: the
+    /// 16-bit floats, which are stored as they are and widened in the matmul.
+    #[error("{ty:?} has no packed layout or fused kernel")]
+    NoFusedKernel { ty: QuantType },
 }
 
 /// The little-endian f16 at byte `i` of `b`, widened.

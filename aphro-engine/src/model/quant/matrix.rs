@@ -94,9 +94,11 @@ impl QuantMatrix {
     /// From ggml-layout bytes (rows of whole blocks, as in a GGUF file).
     pub fn new(ty: QuantType, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, QuantError> {
         Self::check_size(ty, rows, cols, data.len())?;
-        let data = match Packing::of(ty) {
-            Some(p) => pack(ty, p, rows, cols, &data),
-            None => data,
+        // The 16-bit floats are stored as they are, everything else is packed.
+        let data = if ty.is_half() {
+            data
+        } else {
+            pack(ty, rows, cols, &data)?
         };
         Ok(Self {
             ty,
@@ -125,7 +127,7 @@ impl QuantMatrix {
     /// K-quants, whose packed form keeps values but not ggml's super-block encoding.
     pub fn row(&self, r: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
         let rb = self.row_bytes();
-        let Some(p) = Packing::of(self.ty) else {
+        let Ok(p) = Packing::of(self.ty) else {
             // The 16-bit floats are stored as they are.
             return Some(std::borrow::Cow::Borrowed(&self.data[r * rb..(r + 1) * rb]));
         };
@@ -142,7 +144,7 @@ impl QuantMatrix {
     /// Dequantize one row into `out` (`cols` values): the same floats as ggml's
     /// dequantization of the original blocks.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let Some(p) = Packing::of(self.ty) else {
+        let Ok(p) = Packing::of(self.ty) else {
             // The 16-bit floats are stored as they are.
             let rb = self.row_bytes();
             dequantize_into(self.ty, &self.data[r * rb..(r + 1) * rb], out);
@@ -171,7 +173,8 @@ impl QuantMatrix {
     /// same arithmetic whatever `tokens` is, so results do not depend on batch composition.
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         debug_assert_eq!(x.len(), tokens * self.cols);
-        let Some(p) = Packing::of(self.ty) else {
+        let Ok(p) = Packing::of(self.ty) else {
+            // No fused kernel (the 16-bit floats): widen and use f32 dots.
             return self.matmul_dequantizing(x, tokens);
         };
         let acts = Q8Acts::quantize(x, tokens, self.cols);
@@ -188,7 +191,7 @@ impl QuantMatrix {
         // Every matrix packed and of the same width, or each runs alone.
         let packed: Option<Vec<(&QuantMatrix, Packing)>> = mats
             .iter()
-            .map(|&m| Packing::of(m.ty).filter(|_| m.cols == cols).map(|p| (m, p)))
+            .map(|&m| Some((m, Packing::of(m.ty).ok()?)).filter(|_| m.cols == cols))
             .collect();
         match packed {
             Some(packed) if x.len() == tokens * cols => {

@@ -15,7 +15,7 @@
 //! Each fused format has a [`Packing`], which fixes its group-block geometry and is also
 //! what the kernels dispatch on (Q5_K and Q5_1 share one).
 
-use super::format::{ggml, QuantType};
+use super::format::{ggml, QuantError, QuantType};
 
 /// Rows per interleaved group of the packed layout.
 pub const GROUP: usize = 8;
@@ -65,16 +65,17 @@ impl Packing {
         Packing::U8,
     ];
 
-    /// The packing of a fused format; `None` for the 16-bit floats, which are not packed.
-    pub(crate) fn of(ty: QuantType) -> Option<Packing> {
+    /// The packing of a fused format; the 16-bit floats have none
+    /// ([`QuantError::NoFusedKernel`]).
+    pub(crate) fn of(ty: QuantType) -> Result<Packing, QuantError> {
         match ty {
-            QuantType::Q8_0 => Some(Packing::Q8_0),
-            QuantType::Q4_0 => Some(Packing::Q4_0),
-            QuantType::Q4_1 => Some(Packing::Q4_1),
-            QuantType::Q4K => Some(Packing::Q4K),
-            QuantType::Q6K => Some(Packing::Q6K),
-            QuantType::Q5K | QuantType::Q5_1 => Some(Packing::U8),
-            QuantType::F16 | QuantType::BF16 => None,
+            QuantType::Q8_0 => Ok(Packing::Q8_0),
+            QuantType::Q4_0 => Ok(Packing::Q4_0),
+            QuantType::Q4_1 => Ok(Packing::Q4_1),
+            QuantType::Q4K => Ok(Packing::Q4K),
+            QuantType::Q6K => Ok(Packing::Q6K),
+            QuantType::Q5K | QuantType::Q5_1 => Ok(Packing::U8),
+            QuantType::F16 | QuantType::BF16 => Err(QuantError::NoFusedKernel { ty }),
         }
     }
 
@@ -174,7 +175,7 @@ impl Packing {
 /// # Panics
 /// For F16 and BF16, which are stored as they are, not packed.
 fn packing(ty: QuantType) -> Packing {
-    Packing::of(ty).unwrap_or_else(|| panic!("{ty:?} has no packed layout"))
+    Packing::of(ty).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Bytes of the scale header of one group-block (32 columns of 8 rows): f16 `d` (and
@@ -248,6 +249,23 @@ mod tests {
                 p.d_at(GROUP - 1)
             };
             assert_eq!(last + p.scale_bytes(), p.header_bytes(), "{p:?}");
+        }
+    }
+
+    /// A type without a packed layout is an error naming it, not a no-op: the 16-bit
+    /// floats get [`QuantError::NoFusedKernel`], every block format a packing.
+    #[test]
+    fn unsupported_types_are_errors() {
+        for ty in [QuantType::F16, QuantType::BF16] {
+            match Packing::of(ty) {
+                Err(QuantError::NoFusedKernel { ty: got }) => assert_eq!(got, ty),
+                other => panic!("{ty:?}: {other:?}"),
+            }
+            assert!(!ty.has_fused_kernel());
+        }
+        for ty in crate::model::quant::test_util::BLOCK_FORMATS {
+            assert!(Packing::of(ty).is_ok(), "{ty:?}");
+            assert!(ty.has_fused_kernel());
         }
     }
 

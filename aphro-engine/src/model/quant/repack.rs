@@ -6,13 +6,20 @@
 use rayon::prelude::*;
 
 use super::format::ggml::{self, q4k, q5_0, q5_1, q5k, q6k, q8_0, Classic};
-use super::format::{f16_at, QuantType};
+use super::format::{f16_at, QuantError, QuantType};
 use super::packed::{Packing, BLOCK, GROUP, HIGH_NIBBLE_COLS, LANE_BYTES};
 
-/// ggml rows → the interleaved groups of [`super::packed`], for a format with packing `p`.
-pub(super) fn pack(ty: QuantType, p: Packing, rows: usize, cols: usize, src: &[u8]) -> Vec<u8> {
+/// ggml rows → the interleaved groups of [`super::packed`]; a format with no packed
+/// layout (the 16-bit floats) is [`QuantError::NoFusedKernel`].
+pub(super) fn pack(
+    ty: QuantType,
+    rows: usize,
+    cols: usize,
+    src: &[u8],
+) -> Result<Vec<u8>, QuantError> {
+    let p = Packing::of(ty)?;
     let geometry = ty.block_layout();
-    match ty {
+    Ok(match ty {
         QuantType::Q8_0 => pack_classic(p, q8_0::CLASSIC, geometry, rows, cols, src),
         QuantType::Q4_0 => pack_classic(p, ggml::q4_0::CLASSIC, geometry, rows, cols, src),
         QuantType::Q4_1 => pack_classic(p, ggml::q4_1::CLASSIC, geometry, rows, cols, src),
@@ -20,8 +27,9 @@ pub(super) fn pack(ty: QuantType, p: Packing, rows: usize, cols: usize, src: &[u
         QuantType::Q5K => pack_expanded(p, geometry, rows, cols, src, q5k_block32),
         QuantType::Q5_1 => pack_expanded(p, geometry, rows, cols, src, q5_1_block32),
         QuantType::Q6K => pack_expanded(p, geometry, rows, cols, src, q6k_block32),
-        QuantType::F16 | QuantType::BF16 => unreachable!("{ty:?} has no packing"),
-    }
+        // Refused by `Packing::of` already.
+        QuantType::F16 | QuantType::BF16 => return Err(QuantError::NoFusedKernel { ty }),
+    })
 }
 
 /// Q8_0/Q4_0/Q4_1 rows → packed groups holding ggml's bytes: each block's f16 scale(s)
@@ -231,6 +239,19 @@ mod tests {
                 assert_eq!(&raw[r * rb..(r + 1) * rb], &back[..], "{ty:?} row {r}");
             }
         }
+    }
+
+    /// Repacking a format that has no packed layout is an error, not a silent copy.
+    #[test]
+    fn packing_a_16_bit_float_is_an_error() {
+        for ty in [QuantType::F16, QuantType::BF16] {
+            match pack(ty, 2, 32, &[0u8; 128]) {
+                Err(QuantError::NoFusedKernel { ty: got }) => assert_eq!(got, ty),
+                other => panic!("{ty:?}: {other:?}"),
+            }
+        }
+        let q8 = random_ggml(QuantType::Q8_0, 2, 32, &mut 5u64);
+        assert!(pack(QuantType::Q8_0, 2, 32, &q8).is_ok());
     }
 
     /// Q5_0 → Q8_0 keeps every value: ggml's Q5_0 dequantization, written out here,
