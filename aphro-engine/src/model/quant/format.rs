@@ -45,7 +45,7 @@ impl QuantType {
     }
 
     /// Whether the fused integer kernels handle it (everything but the 16-bit floats):
-    /// whether it has a [`Packing`].
+    /// whether it has a packed layout (`packed::Packing`).
     pub fn has_fused_kernel(self) -> bool {
         Packing::of(self).is_ok()
     }

@@ -124,7 +124,7 @@ impl QuantMatrix {
     }
 
     /// Row `r` in ggml's layout (gathered from the interleaved groups), or `None` for the
-    /// K-quants, whose packed form keeps values but not ggml's super-block encoding.
+    /// K-quants and Q5_1, whose packed form keeps values but not ggml's encoding of them.
     pub fn row(&self, r: usize) -> Option<std::borrow::Cow<'_, [u8]>> {
         let rb = self.row_bytes();
         let Ok(p) = Packing::of(self.ty) else {

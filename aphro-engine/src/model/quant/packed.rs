@@ -3,7 +3,7 @@
 //!
 //! Group `g` holds rows `8g..8g+8` (the last group zero-padded), its blocks in column
 //! order; one group-block covers [`BLOCK`] columns of the [`GROUP`] rows: their scales
-//! (see [`Packing::header_bytes`]), then the quants as [`VECTOR_BYTES`]-byte vectors:
+//! (see [`header_bytes`]), then the quants as [`VECTOR_BYTES`]-byte vectors:
 //! vector `w` holds, for row `k` in lane `k`, bytes `4w..4w+4` of that row's quants
 //! ([`LANE_BYTES`] a lane). For the 8-bit forms those are columns `4w..4w+4`; for the
 //! 4-bit ones the low nibbles are columns `4w..4w+4` and the high nibbles
@@ -12,7 +12,7 @@
 //! are multiplied out into f32 (`d * sc` exactly as ggml's dequantization computes them),
 //! so they dequantize to the same floats.
 //!
-//! Each fused format has a [`Packing`], which fixes its group-block geometry and is also
+//! Each fused format has a `Packing`, which fixes its group-block geometry and is also
 //! what the kernels dispatch on (Q5_K and Q5_1 share one).
 
 use super::format::{ggml, QuantError, QuantType};
