@@ -52,6 +52,7 @@ impl QuantType {
 
     /// Whether the packed layout can be turned back into ggml's bytes (not the K-quants,
     /// whose super-block scales are expanded to one f32 scale per 16/32 values).
+    #[cfg(test)]
     pub(super) fn packs_losslessly(self) -> bool {
         self.classic_fields().is_some()
     }

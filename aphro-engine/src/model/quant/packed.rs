@@ -56,6 +56,7 @@ pub(crate) enum Packing {
 
 impl Packing {
     /// Every packing, in id order.
+    #[cfg(test)]
     pub(crate) const ALL: [Packing; 6] = [
         Packing::Q8_0,
         Packing::Q4_0,
