@@ -67,6 +67,7 @@ impl Q8Acts {
         a
     }
 
+    #[inline]
     pub fn row(&self, t: usize) -> Q8Row<'_> {
         let nb = self.cols / 32;
         Q8Row {

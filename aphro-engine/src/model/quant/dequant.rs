@@ -113,6 +113,7 @@ fn dequant_q6k(b: &[u8], out: &mut [f32]) {
 /// Row `k` of one packed group-block `b` of packing `p` into its 32 values `o`: the
 /// floats ggml's dequantization gives for the original block (the same operations on the
 /// same scales, which packing copies or multiplies out exactly as ggml does).
+#[inline]
 pub(super) fn dequantize_packed(p: Packing, b: &[u8], k: usize, o: &mut [f32]) {
     let f32_at = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     let byte = |w: usize, j: usize| b[p.quant_at(w, k) + j];

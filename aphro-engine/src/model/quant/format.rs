@@ -97,6 +97,7 @@ pub enum QuantError {
 }
 
 /// The little-endian f16 at byte `i` of `b`, widened.
+#[inline(always)]
 pub(super) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }

@@ -251,7 +251,10 @@ impl QuantMatrix {
             while t < tokens {
                 let n = (tokens - t).min(4);
                 let mut res = [[0f32; GROUP]; 4];
-                let rows = [0, 1, 2, 3].map(|i| acts.row((t + i).min(tokens - 1)));
+                // Written out rather than `[0, 1, 2, 3].map(..)`, whose closure wrapper LLVM
+                // can leave out of line (a call per row per tile).
+                let row = |i: usize| acts.row((t + i).min(tokens - 1));
+                let rows = [row(0), row(1), row(2), row(3)];
                 match n {
                     4 => group_dot::<4>(p, group, rows, &mut res),
                     3 => group_dot::<3>(p, group, rows, &mut res),

@@ -68,6 +68,7 @@ impl Packing {
 
     /// The packing of a fused format; the 16-bit floats have none
     /// ([`QuantError::NoFusedKernel`]).
+    #[inline]
     pub(crate) fn of(ty: QuantType) -> Result<Packing, QuantError> {
         match ty {
             QuantType::Q8_0 => Ok(Packing::Q8_0),
@@ -82,6 +83,7 @@ impl Packing {
 
     /// The packing whose id (`self as u8`) is `id`, for kernels that take the packing as a
     /// const generic; evaluated in a `const` block, an unknown id fails the build.
+    #[inline]
     pub(crate) const fn from_id(id: u8) -> Packing {
         match id {
             0 => Packing::Q8_0,
@@ -96,6 +98,7 @@ impl Packing {
 
     /// Bytes of one scale: f16 where the header keeps ggml's scales (Q8_0, Q4_0, Q4_1),
     /// f32 where they are multiplied out.
+    #[inline]
     pub(crate) const fn scale_bytes(self) -> usize {
         match self {
             Packing::Q8_0 | Packing::Q4_0 | Packing::Q4_1 => 2,
@@ -105,6 +108,7 @@ impl Packing {
 
     /// Scales per row in a group-block: `d` alone (Q8_0, Q4_0), or `d` and `m` (Q6_K: the
     /// two halves' scales).
+    #[inline]
     pub(crate) const fn scales_per_row(self) -> usize {
         match self {
             Packing::Q8_0 | Packing::Q4_0 => 1,
@@ -114,26 +118,31 @@ impl Packing {
 
     /// Offset of row `k`'s first scale (`d`, `D`, or Q6_K's for columns 0..16): the 8
     /// rows' first scales come first, as one vector.
+    #[inline]
     pub(crate) const fn d_at(self, k: usize) -> usize {
         k * self.scale_bytes()
     }
 
     /// Offset of the 8 rows' second scales (`m`, `M`, or Q6_K's for columns 16..32).
+    #[inline]
     pub(crate) const fn m_base(self) -> usize {
         GROUP * self.scale_bytes()
     }
 
     /// Offset of row `k`'s second scale.
+    #[inline]
     pub(crate) const fn m_at(self, k: usize) -> usize {
         self.m_base() + k * self.scale_bytes()
     }
 
     /// Bytes of the scale header of one group-block.
+    #[inline]
     pub(crate) const fn header_bytes(self) -> usize {
         self.scales_per_row() * GROUP * self.scale_bytes()
     }
 
     /// Whether the quants are nibbles, two columns a byte (Q4_0, Q4_1, Q4_K).
+    #[inline]
     pub(crate) const fn is_nibbles(self) -> bool {
         match self {
             Packing::Q4_0 | Packing::Q4_1 | Packing::Q4K => true,
@@ -142,6 +151,7 @@ impl Packing {
     }
 
     /// Quant bytes of one row in one block: 16 nibble bytes or 32 bytes.
+    #[inline]
     pub(crate) const fn qs_bytes(self) -> usize {
         if self.is_nibbles() {
             BLOCK / 2
@@ -151,21 +161,25 @@ impl Packing {
     }
 
     /// Quant vectors per group-block.
+    #[inline]
     pub(crate) const fn vectors(self) -> usize {
         self.qs_bytes() / LANE_BYTES
     }
 
     /// Offset of quant vector `w` in a group-block.
+    #[inline]
     pub(crate) const fn vector_at(self, w: usize) -> usize {
         self.header_bytes() + w * VECTOR_BYTES
     }
 
     /// Offset of row `k`'s [`LANE_BYTES`] in quant vector `w`.
+    #[inline]
     pub(crate) const fn quant_at(self, w: usize, k: usize) -> usize {
         self.vector_at(w) + k * LANE_BYTES
     }
 
     /// Bytes of one group-block: the header and 8 rows × [`BLOCK`] columns of quants.
+    #[inline]
     pub(crate) const fn group_block_bytes(self) -> usize {
         self.header_bytes() + GROUP * self.qs_bytes()
     }

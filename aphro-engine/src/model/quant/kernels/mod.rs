@@ -15,6 +15,7 @@ use scalar::{dot_f32_generic, group_dot_scalar};
 
 /// One packed row group of packing `p` against `T` activation rows: `out[t][k]` for the
 /// group's 8 rows. `rows` beyond `T` are ignored.
+#[inline]
 #[allow(unsafe_code)]
 pub(super) fn group_dot<const T: usize>(
     p: Packing,
@@ -50,6 +51,7 @@ pub(super) fn group_dot<const T: usize>(
 }
 
 /// Widen little-endian f16/bf16 values in `src` into `out` (`min(src/2, out)` values).
+#[inline]
 #[allow(unsafe_code)]
 pub(super) fn half_to_f32(bf16: bool, src: &[u8], out: &mut [f32]) {
     let n = (src.len() / 2).min(out.len());
@@ -92,6 +94,7 @@ pub(crate) fn has_avx2() -> bool {
 }
 
 /// `sum_i a[i] * b[i]` (same summation order on every path that runs on this machine).
+#[inline]
 #[allow(unsafe_code)]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]

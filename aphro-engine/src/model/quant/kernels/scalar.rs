@@ -16,68 +16,84 @@ pub(super) fn group_dot_scalar(p: Packing, group: &[u8], nb: usize, a: Q8Row<'_>
     for i in 0..nb {
         let b = &group[i * gbb..(i + 1) * gbb];
         let x = &a.qs[BLOCK * i..BLOCK * i + BLOCK];
-        let f32_at = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         for (k, acc) in acc.iter_mut().enumerate() {
-            // Row `k`'s byte `j` of quant vector `w`, and the activation of its column.
-            let byte = |w: usize, j: usize| b[p.quant_at(w, k) + j];
-            let xi = |c: usize| x[c] as i32;
-            // Bytes times activations over vectors `ws`, the bytes read as i8 or as u8.
-            let byte_dot = |ws: std::ops::Range<usize>, signed: bool| {
-                let mut dot = 0i32;
-                for w in ws {
-                    for j in 0..LANE_BYTES {
-                        let q = if signed {
-                            byte(w, j) as i8 as i32
-                        } else {
-                            byte(w, j) as i32
-                        };
-                        dot += q * xi(LANE_BYTES * w + j);
-                    }
-                }
-                dot
-            };
-            let nibble_dot = || {
-                let mut dot = 0i32;
-                for w in 0..p.vectors() {
-                    for j in 0..LANE_BYTES {
-                        let (q, c) = (byte(w, j), LANE_BYTES * w + j);
-                        dot += (q & NIBBLE_MASK) as i32 * xi(c)
-                            + (q >> NIBBLE_BITS) as i32 * xi(c + HIGH_NIBBLE_COLS);
-                    }
-                }
-                dot
-            };
-            // f16 `d` (ggml's) times the activation scale.
-            let classic = |acc: &mut f32, dot: i32| {
-                let dw = f16_at(b, p.d_at(k));
-                *acc = (dw * a.d[i]).mul_add(dot as f32, *acc);
-            };
-            // f32 `D` and `M`, the offset term with the exact activation sum.
-            let expanded = |acc: &mut f32, dot: i32| {
-                *acc = (f32_at(p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
-                *acc = f32_at(p.m_at(k)).mul_add(a.d[i] * a.sum[i] as f32, *acc);
-            };
             match p {
-                Packing::Q8_0 => classic(acc, byte_dot(0..p.vectors(), true)),
-                Packing::Q4_0 => classic(acc, nibble_dot() - q4_0::OFFSET * a.sum[i]),
+                Packing::Q8_0 => {
+                    let dot = byte_dot::<true>(p, b, k, x, 0..p.vectors());
+                    *acc = (f16_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
+                }
+                Packing::Q4_0 => {
+                    let dot = nibble_dot(p, b, k, x) - q4_0::OFFSET * a.sum[i];
+                    *acc = (f16_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
+                }
                 Packing::Q4_1 => {
-                    classic(acc, nibble_dot());
+                    let dot = nibble_dot(p, b, k, x);
+                    *acc = (f16_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
                     *acc = f16_at(b, p.m_at(k)).mul_add(a.s[i], *acc);
                 }
-                Packing::Q4K => expanded(acc, nibble_dot()),
-                Packing::U8 => expanded(acc, byte_dot(0..p.vectors(), false)),
+                // f32 `D` and `M`, the offset term with the exact activation sum.
+                Packing::Q4K | Packing::U8 => {
+                    let dot = if p.is_nibbles() {
+                        nibble_dot(p, b, k, x)
+                    } else {
+                        byte_dot::<false>(p, b, k, x, 0..p.vectors())
+                    };
+                    *acc = (f32_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
+                    *acc = f32_at(b, p.m_at(k)).mul_add(a.d[i] * a.sum[i] as f32, *acc);
+                }
                 // Two 16-column halves, each with its own scale.
                 Packing::Q6K => {
                     let half = p.vectors() / 2;
                     for (ws, at) in [(0..half, p.d_at(k)), (half..2 * half, p.m_at(k))] {
-                        let dot = byte_dot(ws, true);
-                        *acc = (f32_at(at) * a.d[i]).mul_add(dot as f32, *acc);
+                        let dot = byte_dot::<true>(p, b, k, x, ws);
+                        *acc = (f32_at(b, at) * a.d[i]).mul_add(dot as f32, *acc);
                     }
                 }
             }
         }
     }
     acc
+}
+
+/// The little-endian f32 at byte `at` of `b`.
+#[inline(always)]
+fn f32_at(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Row `k`'s quant bytes in vectors `ws` of group-block `b` times the activations `x` of
+/// their columns, the bytes read as i8 (`SIGNED`) or as u8.
+#[inline(always)]
+fn byte_dot<const SIGNED: bool>(
+    p: Packing,
+    b: &[u8],
+    k: usize,
+    x: &[i8],
+    ws: std::ops::Range<usize>,
+) -> i32 {
+    let mut dot = 0i32;
+    for w in ws {
+        for j in 0..LANE_BYTES {
+            let q = b[p.quant_at(w, k) + j];
+            let q = if SIGNED { q as i8 as i32 } else { q as i32 };
+            dot += q * x[LANE_BYTES * w + j] as i32;
+        }
+    }
+    dot
+}
+
+/// Row `k`'s nibbles in group-block `b` times the activations `x` of their columns.
+#[inline(always)]
+fn nibble_dot(p: Packing, b: &[u8], k: usize, x: &[i8]) -> i32 {
+    let mut dot = 0i32;
+    for w in 0..p.vectors() {
+        for j in 0..LANE_BYTES {
+            let (q, c) = (b[p.quant_at(w, k) + j], LANE_BYTES * w + j);
+            dot += (q & NIBBLE_MASK) as i32 * x[c] as i32
+                + (q >> NIBBLE_BITS) as i32 * x[c + HIGH_NIBBLE_COLS] as i32;
+        }
+    }
+    dot
 }
 
 // ---------------------------------------------------------------------------------------
