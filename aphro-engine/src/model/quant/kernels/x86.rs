@@ -128,8 +128,8 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
         // every activation row holds at least `nb` blocks.
         let b = group.add(i * gbb);
         let mut isum = [_mm256_setzero_si256(); T];
-        // The activation word of columns `c..c + 4` of block `i` for token `t`.
-        let act = |t: usize, c: usize| rows[t].qs.as_ptr().add(BLOCK * i + c);
+        // The activation word of columns `c..c + 4` of block `i` in row `r`.
+        let act = |r: &Q8Row<'_>, c: usize| r.qs.as_ptr().add(BLOCK * i + c);
         match p {
             Packing::Q6K => {
                 // Two 16-column halves with their own f32 scales.
@@ -138,7 +138,7 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
                     let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
                     let au = _mm256_sign_epi8(wv, wv);
                     for t in 0..T {
-                        let x = bcast4(act(t, LANE_BYTES * w));
+                        let x = bcast4(act(&rows[t], LANE_BYTES * w));
                         let sx = _mm256_sign_epi8(x, wv);
                         if w < vectors / 2 {
                             isum[t] = dot4::<VNNI>(isum[t], au, sx);
@@ -162,7 +162,7 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
                 for w in 0..vectors {
                     let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
                     for t in 0..T {
-                        let x = bcast4(act(t, LANE_BYTES * w));
+                        let x = bcast4(act(&rows[t], LANE_BYTES * w));
                         isum[t] = dot4::<VNNI>(isum[t], wv, x);
                     }
                 }
@@ -172,7 +172,7 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
                     let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
                     let au = _mm256_sign_epi8(wv, wv);
                     for t in 0..T {
-                        let x = bcast4(act(t, LANE_BYTES * w));
+                        let x = bcast4(act(&rows[t], LANE_BYTES * w));
                         isum[t] = dot4::<VNNI>(isum[t], au, _mm256_sign_epi8(x, wv));
                     }
                 }
@@ -184,8 +184,8 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
                     let hi = _mm256_and_si256(_mm256_srli_epi16(wv, NIBBLE_SHIFT), mask);
                     for t in 0..T {
                         let c = LANE_BYTES * w;
-                        isum[t] = dot4::<VNNI>(isum[t], lo, bcast4(act(t, c)));
-                        let x = bcast4(act(t, HIGH_NIBBLE_COLS + c));
+                        isum[t] = dot4::<VNNI>(isum[t], lo, bcast4(act(&rows[t], c)));
+                        let x = bcast4(act(&rows[t], HIGH_NIBBLE_COLS + c));
                         isum[t] = dot4::<VNNI>(isum[t], hi, x);
                     }
                 }
