@@ -39,7 +39,6 @@ fn sampling_params_validation_uses_vllm_messages() {
     );
 }
 
-
 /// The checks vLLM raises without `parameter=` carry no param and no suffix; floats print as
 /// Python's repr (`-1e-05`, not `-0.00001`); values are vLLM 0.33.0's `_verify_args` text.
 #[test]

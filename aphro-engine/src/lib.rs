@@ -7,10 +7,10 @@ pub mod runner;
 pub mod engine;
 pub mod kv;
 pub mod metrics;
+pub mod openai;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
-pub mod openai;
 pub mod serving;
 #[cfg(test)]
 mod test_support;

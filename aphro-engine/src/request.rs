@@ -4,8 +4,8 @@
 
 use std::collections::HashSet;
 
-pub use aphro_core::protocol::{MAX_N_SEQUENCES, SAMPLING_EPS};
 use aphro_core::protocol::{verify_greedy, verify_sampling_args, SamplingArgError, SamplingArgs};
+pub use aphro_core::protocol::{MAX_N_SEQUENCES, SAMPLING_EPS};
 
 /// vLLM clamps `0 < temperature < 0.01` up to this to avoid inf/NaN.
 pub const MIN_TEMPERATURE: f64 = 0.01;

@@ -847,11 +847,19 @@ fn integrated_state_shares_one_loaded_model() {
         panic!("not serve");
     };
     let state = aphro_http::cli::serve::build_state(args).expect("state");
-    let engine_model = state.engine.as_ref().and_then(|e| e.model()).expect("engine model");
+    let engine_model = state
+        .engine
+        .as_ref()
+        .and_then(|e| e.model())
+        .expect("engine model");
     let renderer = state.renderer.as_ref().expect("renderer");
     let derenderer = state.derenderer.as_ref().expect("derenderer");
     assert!(std::ptr::eq(renderer.model(), engine_model.as_ref()));
     assert!(std::ptr::eq(derenderer.model(), engine_model.as_ref()));
-    let engine_tok = state.engine.as_ref().and_then(|e| e.tokenizer()).expect("tokenizer");
+    let engine_tok = state
+        .engine
+        .as_ref()
+        .and_then(|e| e.tokenizer())
+        .expect("tokenizer");
     assert!(std::sync::Arc::ptr_eq(engine_tok, &engine_model.tokenizer));
 }

@@ -26,8 +26,8 @@ use crate::detokenizer::{
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::protocol::{
-    ChatChoice, ChatCompletionLogProbs, ChoiceLogProbs, ChatCompletionRequest, ChatCompletionResponse,
-    CompletionChoice, CompletionLogProbs, CompletionRequest, CompletionResponse,
+    ChatChoice, ChatCompletionLogProbs, ChatCompletionRequest, ChatCompletionResponse,
+    ChoiceLogProbs, CompletionChoice, CompletionLogProbs, CompletionRequest, CompletionResponse,
     DerenderChatRequest, DerenderCompletionRequest, GenerateChoice, GenerateResponse,
     ResponseFunction, ResponseMessage, ResponseToolCall, StopReason, UsageInfo,
 };
@@ -1032,7 +1032,7 @@ impl Derenderer {
             .logprobs
             .as_ref()
             .and_then(ChoiceLogProbs::tokens)
-                .and_then(|l| l.content.as_ref())
+            .and_then(|l| l.content.as_ref())
             .map(|content| {
                 let mut out = CompletionLogProbs::default();
                 let mut offset = 0u64;

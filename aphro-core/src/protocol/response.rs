@@ -147,7 +147,10 @@ impl PartialSchema for ChoiceLogProbs {
 
 impl ToSchema for ChoiceLogProbs {
     fn schemas(out: &mut Vec<(String, RefOr<Schema>)>) {
-        out.push((GenerateLogProbs::name().into_owned(), GenerateLogProbs::schema()));
+        out.push((
+            GenerateLogProbs::name().into_owned(),
+            GenerateLogProbs::schema(),
+        ));
         out.push((
             ChatCompletionLogProbs::name().into_owned(),
             ChatCompletionLogProbs::schema(),

@@ -37,12 +37,12 @@ use crate::request::{
     EngineRequest, PositionLogprobs, SamplingConfig, ValidationError, MAX_N_SEQUENCES,
 };
 use crate::runner::ModelRunner;
-use text::{ChoiceDelta, ChoiceState, TextSpec};
 use aphro_core::protocol::{
     clamp_logprob, ChoiceLogProbs, GenerateChoice, GenerateResponse, GenerateStreamEvent,
     GenerateStreamResponse, GenerateUsageEvent, ResponseMessage, StopReason, UsageInfo,
     UsageInfoSparse,
 };
+use text::{ChoiceDelta, ChoiceState, TextSpec};
 
 /// Everything needed to start a [`ServingEngine`] (vLLM's engine flags).
 #[derive(Debug, Clone, PartialEq)]

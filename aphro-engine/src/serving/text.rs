@@ -7,11 +7,11 @@ use aphro_core::detokenizer::{token_text, DetokenizeOptions, IncrementalDetokeni
 use aphro_core::stop::{StopState, StopStringMatcher};
 use aphro_core::Tokenizer;
 
+use crate::request::{EngineOutput, FinishReason, Logprob, PositionLogprobs};
 use aphro_core::protocol::{
     clamp_logprob, ChatCompletionLogProbs, ChatLogProb, ChatTopLogProb, ChoiceLogProbs,
     GenerateLogProb, GenerateLogProbs, GenerateTopLogProb, StopReason,
 };
-use crate::request::{EngineOutput, FinishReason, Logprob, PositionLogprobs};
 
 /// An `Arc`'d aphro tokenizer lent to the detokenizer, which works on the HF type.
 #[derive(Clone)]
