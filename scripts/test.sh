@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 # Every wire-spec reference (`api.md` §4.2) names a spec in docs/spec and a section it has, and
 # every relative Markdown link resolves (standard library only, no build).
 python3 scripts/check_spec_refs.py
+# One formatting, checked before anything builds.
+cargo fmt --all --check
 export APHRO_ASSETS="${APHRO_ASSETS:-$PWD/.assets}"
 python3 scripts/fetch_assets.py --dest "$APHRO_ASSETS"
 cargo test --workspace --locked
@@ -22,6 +24,9 @@ APHRO_STRESS_PROFILE=debug ./scripts/stress.sh --quick "$APHRO_ASSETS/models/Smo
 # themselves run for real through burn-wgpu on lavapipe, Mesa's CPU Vulkan driver; the test
 # fails (rather than skips) under CI=true when no Vulkan adapter is found.
 cargo check -p aphro-http --features cuda --locked
+# Lints on every target (tests, examples, benches) as errors; runs after the check above so
+# the dependencies' metadata is already built.
+cargo clippy --workspace --all-targets --locked -- -D warnings
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-get >/dev/null; then
     SUDO=""
     [ "$(id -u)" != 0 ] && SUDO="sudo"

@@ -863,3 +863,83 @@ fn integrated_state_shares_one_loaded_model() {
         .expect("tokenizer");
     assert!(std::sync::Arc::ptr_eq(engine_tok, &engine_model.tokenizer));
 }
+
+/// `Server::builder()` without a command line: the integrated role under a base path,
+/// without the document routes, merged into another axum app, answers a chat as the binary
+/// does; the render role builds the same way.
+#[test]
+fn server_builder_mounts_under_a_base_path() {
+    use aphro_engine::serving::{MaxModelLen, ServingConfig};
+    use aphro_http::server::{Role, Server};
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let call = |app: axum::Router, method: &str, path: &str, body: Option<Value>| {
+        rt.block_on(async move {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header("content-type", "application/json")
+                .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+                .expect("request");
+            let resp = app.oneshot(req).await.expect("response");
+            let status = resp.status().as_u16();
+            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        })
+    };
+
+    let server = Server::builder()
+        .model(gguf())
+        .served_model_name("smol")
+        .engine(ServingConfig {
+            kv_cache_memory: Some(16 << 20),
+            max_model_len: MaxModelLen::Auto,
+            max_num_seqs: 4,
+            ..ServingConfig::default()
+        })
+        .base_path("/llm/")
+        .docs(false)
+        .build()
+        .expect("builds");
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "host app" }))
+        .merge(server.router());
+    assert_eq!(
+        call(app.clone(), "GET", "/", None),
+        (200, "host app".into())
+    );
+    let (status, body) = call(
+        app.clone(),
+        "POST",
+        "/llm/v1/chat/completions",
+        Some(json!({"model": "smol", "max_tokens": 4, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Hi"}]})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v = json(&body);
+    assert_eq!(v["model"], "smol");
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+    assert_eq!(call(app.clone(), "GET", "/llm/openapi.json", None).0, 404);
+    assert_eq!(call(app.clone(), "GET", "/v1/models", None).0, 404);
+
+    let render = Server::builder()
+        .model(gguf())
+        .role(Role::Render)
+        .max_model_len(512)
+        .build()
+        .expect("render role");
+    let app = render.router();
+    let (status, body) = call(app.clone(), "GET", "/v1/models", None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["data"][0]["max_model_len"], 512);
+    assert_eq!(call(app.clone(), "GET", "/openapi.json", None).0, 200);
+    assert_eq!(
+        call(app, "POST", "/v1/chat/completions", Some(json!({}))).0,
+        404
+    );
+}

@@ -212,7 +212,7 @@ impl ChoiceState {
 }
 
 fn rank(l: &Logprob) -> Option<i64> {
-    (l.rank != 0).then(|| l.rank as i64)
+    (l.rank != 0).then_some(l.rank as i64)
 }
 
 /// The engine's entries for one position in vLLM's dict order: chosen, then the top-k.

@@ -1,11 +1,8 @@
 //! `aphro launch render MODEL`: the GPU-less frontend (render, derender, tokenize, models,
 //! health, version, metrics). Loads the tokenizer and template only, never weights.
-use super::server_args::{
-    build_derenderer, build_renderer, resolve_model_arg, served_names, FrontendArgs, ServerArgs,
-};
-use crate::server::{self, AppState, Role, ServerSettings};
+use super::server_args::{FrontendArgs, ServerArgs};
+use crate::server::{self, AppState, Role};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LaunchCommand {
@@ -44,42 +41,14 @@ fn run_render(args: RenderArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Loads tokenizer, renderer and derenderer into the state [`server::router`] serves.
+/// Loads tokenizer, renderer and derenderer into the state [`server::router`] serves,
+/// through [`crate::server::Server::builder`].
 pub fn build_render_state(args: RenderArgs) -> anyhow::Result<AppState> {
-    let model_arg = resolve_model_arg(args.model.as_deref())?;
-    let model = Arc::new(args.frontend.load_model(&model_arg)?);
-    let served = served_names(
-        &args.server,
-        args.model
-            .as_deref()
-            .unwrap_or(aphro_core::default_model::DEFAULT_MODEL_NAME),
-    );
-    let renderer = Arc::new(build_renderer(
-        model.clone(),
-        &args.frontend,
-        args.server.limits.request_limits(),
-        &served,
-        args.max_model_len,
-    )?);
-    let derenderer = Arc::new(build_derenderer(
-        model,
-        &args.frontend,
-        &served,
-        args.max_model_len,
-    )?);
-    let settings = ServerSettings {
-        role: Role::Render,
-        served_model_names: served,
-        model_root: model_arg,
-        max_model_len: renderer.max_model_len(),
-        api_keys: args.server.api_key.clone(),
-        enable_request_id_headers: args.server.enable_request_id_headers,
-        max_body_bytes: args.server.max_request_body_bytes,
-        body_read_timeout: args.server.body_read_timeout(),
-        enable_scale_out: false,
-        skip_tokenizer_init: false,
-    };
-    Ok(AppState::new(settings)
-        .with_renderer(renderer)
-        .with_derenderer(derenderer))
+    let mut b = args
+        .server
+        .builder(Role::Render, args.model.clone(), &args.frontend)?;
+    if let Some(n) = args.max_model_len {
+        b = b.max_model_len(n);
+    }
+    Ok(b.build()?.into_state())
 }

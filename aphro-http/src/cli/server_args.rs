@@ -1,11 +1,10 @@
 //! Flags shared by the server subcommands (`aphro serve`, `aphro launch render`), named as
 //! vLLM names them so existing launch scripts carry over.
+use crate::server::{FrontendOptions, Role, Server, ServerBuilder};
 use anyhow::Context;
-use aphro_core::derenderer::{DerenderOptions, Derenderer};
-use aphro_core::{ContentFormat, Model, RenderOptions, Renderer};
+use aphro_core::ContentFormat;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServerArgs {
@@ -145,100 +144,59 @@ fn parse_json_object(s: &str) -> Result<Map<String, Value>, String> {
 }
 
 impl FrontendArgs {
-    /// Loads `spec`'s tokenizer side with the sampling defaults these flags choose.
-    pub fn load_model(&self, spec: &str) -> anyhow::Result<Model> {
-        let mut m = Model::load(spec).with_context(|| format!("loading tokenizer of `{spec}`"))?;
-        m.apply_generation_config(
-            &self.generation_config,
-            self.override_generation_config
-                .as_ref()
-                .unwrap_or(&Map::new()),
-        )?;
-        Ok(m)
-    }
-}
-
-/// The model to serve: the argument, or the embedded default.
-pub fn resolve_model_arg(model: Option<&str>) -> anyhow::Result<String> {
-    match model {
-        Some(m) => Ok(m.to_owned()),
-        None => {
-            let p = aphro_core::default_model::ensure_default_model()?;
-            Ok(p.to_string_lossy().into_owned())
-        }
-    }
-}
-
-/// Served names: the flag's, else the model argument (vLLM's default).
-pub fn served_names(args: &ServerArgs, model: &str) -> Vec<String> {
-    if args.served_model_name.is_empty() {
-        vec![model.to_owned()]
-    } else {
-        args.served_model_name.clone()
-    }
-}
-
-pub fn build_renderer(
-    model: Arc<Model>,
-    front: &FrontendArgs,
-    limits: aphro_core::RequestLimits,
-    served: &[String],
-    max_model_len: Option<usize>,
-) -> anyhow::Result<Renderer> {
-    let chat_template = match &front.chat_template {
-        Some(p) => {
-            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-        }
-        None => None,
-    };
-    let hooks: Option<Arc<dyn aphro_core::RenderHooks>> =
-        if front.tool_call_parser.is_some() || front.reasoning_parser.is_some() {
-            Some(Arc::new(aphro_core::parser_hooks::ParserHooks::new(
-                model.clone(),
-                front.tool_call_parser.as_deref(),
-                front.reasoning_parser.as_deref(),
-            )))
-        } else {
-            None
+    /// The flags as the builder's plain options (reads the `--chat-template` file).
+    pub fn options(&self, limits: aphro_core::RequestLimits) -> anyhow::Result<FrontendOptions> {
+        let chat_template = match &self.chat_template {
+            Some(p) => Some(
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            ),
+            None => None,
         };
-    let mut options = RenderOptions {
-        hooks,
-        chat_template,
-        content_format: front
-            .chat_template_content_format
-            .parse::<ContentFormat>()?,
-        max_model_len,
-        served_model_names: Some(served.to_vec()),
-        strict_template_kwargs: !front.no_strict_chat_template_kwargs,
-        limits,
-        tool_call_parser: front.tool_call_parser.clone(),
-        enable_auto_tool_choice: front.enable_auto_tool_choice,
-        ..RenderOptions::default()
-    };
-    if let Some(raw) = &front.default_chat_template_kwargs {
-        let extra: Map<String, Value> = serde_json::from_str(raw)
-            .context("--default-chat-template-kwargs must be a JSON object")?;
-        options.default_chat_template_kwargs.extend(extra);
+        let default_chat_template_kwargs = match &self.default_chat_template_kwargs {
+            Some(raw) => serde_json::from_str::<Map<String, Value>>(raw)
+                .context("--default-chat-template-kwargs must be a JSON object")?,
+            None => Map::new(),
+        };
+        Ok(FrontendOptions {
+            chat_template,
+            content_format: self.chat_template_content_format.parse::<ContentFormat>()?,
+            default_chat_template_kwargs,
+            tool_call_parser: self.tool_call_parser.clone(),
+            reasoning_parser: self.reasoning_parser.clone(),
+            enable_auto_tool_choice: self.enable_auto_tool_choice,
+            strict_template_kwargs: !self.no_strict_chat_template_kwargs,
+            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
+            generation_config: self.generation_config.clone(),
+            override_generation_config: self.override_generation_config.clone().unwrap_or_default(),
+            limits,
+        })
     }
-    Ok(Renderer::new(model, options)?)
 }
 
-pub fn build_derenderer(
-    model: Arc<Model>,
-    front: &FrontendArgs,
-    served: &[String],
-    max_model_len: Option<usize>,
-) -> anyhow::Result<Derenderer> {
-    Ok(Derenderer::new(
-        model,
-        DerenderOptions {
-            served_model_name: served.first().cloned(),
-            tool_call_parser: front.tool_call_parser.clone(),
-            reasoning_parser: front.reasoning_parser.clone(),
-            enable_auto_tool_choice: front.enable_auto_tool_choice,
-            max_model_len,
-            return_tokens_as_token_ids: front.return_tokens_as_token_ids,
-            ..DerenderOptions::default()
-        },
-    )?)
+impl ServerArgs {
+    /// The server flags and the frontend's on a builder of `role` for `model` (as the user
+    /// named it; `None` = the embedded default).
+    pub fn builder(
+        &self,
+        role: Role,
+        model: Option<String>,
+        frontend: &FrontendArgs,
+    ) -> anyhow::Result<ServerBuilder> {
+        let mut b = Server::builder()
+            .role(role)
+            .frontend(frontend.options(self.limits.request_limits())?)
+            .enable_request_id_headers(self.enable_request_id_headers)
+            .max_body_bytes(self.max_request_body_bytes)
+            .body_read_timeout(self.body_read_timeout());
+        if let Some(m) = model {
+            b = b.model(m);
+        }
+        for name in &self.served_model_name {
+            b = b.served_model_name(name.clone());
+        }
+        for key in &self.api_key {
+            b = b.api_key(key.clone());
+        }
+        Ok(b)
+    }
 }

@@ -1,6 +1,7 @@
 //! The embeddable router builder for aphro's three server roles.
 //!
-//! A Rust application can mount aphro's routes in its own axum server:
+//! [`Server::builder`] builds any role from plain values (what the CLI does with its flags);
+//! a Rust application can mount the result in its own axum server:
 //!
 //! ```no_run
 //! # async fn demo(state: aphro_http::server::AppState) {
@@ -9,6 +10,7 @@
 //! axum::serve(listener, app).await.unwrap();
 //! # }
 //! ```
+pub mod builder;
 mod common;
 pub mod engine;
 pub mod openai;
@@ -23,6 +25,7 @@ use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
+pub use builder::{FrontendOptions, Server, ServerBuilder};
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -191,8 +194,13 @@ pub fn openapi_document(role: Role, enable_scale_out: bool) -> utoipa::openapi::
     openapi::finish(role_routes(role, enable_scale_out).split_for_parts().1)
 }
 
-/// Build the router for `state.settings.role`.
+/// Build the router for `state.settings.role`, with `/openapi.json` and `/docs`.
 pub fn router(state: AppState) -> Router {
+    router_with(state, true)
+}
+
+/// [`router`], with or without the API document routes (`/openapi.json`, `/docs`).
+pub fn router_with(state: AppState, docs: bool) -> Router {
     let limit = BodyLimit {
         max_bytes: state.settings.max_body_bytes,
         read_timeout: state.settings.body_read_timeout,
@@ -207,8 +215,10 @@ pub fn router(state: AppState) -> Router {
         .to_json()
         .unwrap_or_else(|_| "{}".to_owned())
         .into();
-    let app = app
-        .route(
+    let app = if !docs {
+        app
+    } else {
+        app.route(
             "/openapi.json",
             axum::routing::get(move || {
                 let body = doc_json.to_string();
@@ -220,7 +230,8 @@ pub fn router(state: AppState) -> Router {
                 }
             }),
         )
-        .route("/docs", axum::routing::get(openapi::docs));
+        .route("/docs", axum::routing::get(openapi::docs))
+    };
     let metrics = state.metrics.clone();
     let echo_request_id = state.settings.enable_request_id_headers;
     app.fallback(route_not_found)
