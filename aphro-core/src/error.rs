@@ -1,7 +1,7 @@
 //! The one error type of `aphro-core`. Every variant knows the HTTP status, the OpenAI-style
 //! `type` string and the `param` vLLM would report, so the HTTP layer only has to serialize
 //! [`Error::to_envelope`] (`api.md` §1.2/§1.3).
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Result alias for the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -144,13 +144,18 @@ impl Error {
         }
     }
 
-    /// vLLM's error body `{"error":{"message","type","param","code"}}`.
+    /// The error body this error answers with.
+    pub fn to_error_response(&self) -> crate::protocol::ErrorResponse {
+        crate::protocol::ErrorResponse::new(
+            self.status(),
+            self.error_type(),
+            self.to_string(),
+            self.param(),
+        )
+    }
+
+    /// vLLM's error body `{"error":{"message","type","param","code"}}` as JSON.
     pub fn to_envelope(&self) -> Value {
-        json!({"error": {
-            "message": self.to_string(),
-            "type": self.error_type(),
-            "param": self.param(),
-            "code": self.status(),
-        }})
+        self.to_error_response().to_value()
     }
 }

@@ -114,27 +114,6 @@ pub enum OpenAiError {
     Internal(String),
 }
 
-impl OpenAiError {
-    /// The HTTP status vLLM answers with.
-    pub fn status(&self) -> u16 {
-        match self {
-            OpenAiError::Core(e) => e.status(),
-            OpenAiError::Serving(e) => e.status(),
-            OpenAiError::Internal(_) => 500,
-        }
-    }
-
-    /// The OpenAI error envelope `{"error": {"message", "type", "param", "code"}}`.
-    pub fn to_envelope(&self) -> Value {
-        match self {
-            OpenAiError::Core(e) => e.to_envelope(),
-            OpenAiError::Serving(e) => e.to_envelope(),
-            OpenAiError::Internal(m) => json!({"error": {"message": m,
-                "type": "InternalServerError", "param": null, "code": 500}}),
-        }
-    }
-}
-
 /// A stream of coupled chunk objects (the `data:` payloads, without `[DONE]`); an `Err` is
 /// the last item.
 pub type ChunkStream = BoxStream<'static, Result<Value, OpenAiError>>;

@@ -5,6 +5,7 @@
 //! `"Bad Request"` for structural request-validation failures (the HTTP reason phrase) and
 //! `"BadRequestError"` for semantic failures raised by handlers. Auth failures and unknown
 //! routes use different bodies altogether (see [`unauthorized`] and [`route_not_found`]).
+use aphro_core::protocol::ErrorResponse;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -75,13 +76,17 @@ impl ApiError {
         .with_param("model")
     }
 
+    pub fn error_response(&self) -> ErrorResponse {
+        ErrorResponse::new(
+            self.status.as_u16(),
+            self.kind.clone(),
+            self.message.clone(),
+            self.param.as_deref(),
+        )
+    }
+
     pub fn body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.status.as_u16(),
-        }})
+        self.error_response().to_value()
     }
 }
 
@@ -126,12 +131,22 @@ pub async fn route_not_found() -> Response {
     json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"}))
 }
 
+/// Every error type of the workspace reaches HTTP through its [`ErrorResponse`].
+impl From<ErrorResponse> for ApiError {
+    fn from(r: ErrorResponse) -> Self {
+        let e = r.error;
+        ApiError {
+            status: StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            message: e.message,
+            kind: e.kind,
+            param: e.param,
+        }
+    }
+}
+
 impl From<aphro_core::Error> for ApiError {
     fn from(e: aphro_core::Error) -> Self {
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut out = ApiError::new(status, e.error_type(), e.to_string());
-        out.param = e.param().map(str::to_owned);
-        out
+        e.to_error_response().into()
     }
 }
 

@@ -12,7 +12,7 @@ use pyo3::types::{PyDict, PyString};
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub(crate) fn serving_err(py: Python<'_>, e: &ServingError) -> PyErr {
-    errors::make(py, &e.to_string(), e.status(), e.error_type(), e.param())
+    errors::from_response(py, &e.to_error_response())
 }
 
 fn model_spec(py: Python<'_>, model: Option<&Bound<'_, PyAny>>) -> PyResult<String> {

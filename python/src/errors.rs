@@ -33,9 +33,15 @@ pub fn make(py: Python<'_>, message: &str, status: u16, kind: &str, param: Optio
     build().unwrap_or_else(|e| e)
 }
 
+/// The exception for an error body: what the HTTP route would answer, as an exception.
+pub fn from_response(py: Python<'_>, r: &aphro_core::protocol::ErrorResponse) -> PyErr {
+    let e = &r.error;
+    make(py, &e.message, e.code, &e.kind, e.param.as_deref())
+}
+
 /// The Python exception for a core error.
 pub fn core(py: Python<'_>, e: &aphro_core::Error) -> PyErr {
-    make(py, &e.to_string(), e.status(), e.error_type(), e.param())
+    from_response(py, &e.to_error_response())
 }
 
 /// An `InternalServerError` (500).

@@ -12,6 +12,7 @@
 pub mod chat;
 pub mod completion;
 pub mod derender;
+pub mod error;
 pub mod generate;
 pub mod response;
 pub mod sampling;
@@ -21,6 +22,7 @@ pub mod tokenize;
 pub use chat::*;
 pub use completion::*;
 pub use derender::*;
+pub use error::*;
 pub use generate::*;
 pub use response::*;
 pub use sampling::*;

@@ -242,14 +242,19 @@ impl ServingError {
         }
     }
 
-    /// `{"error": {"message", "type", "param", "code"}}`.
+    /// The error body this error answers with.
+    pub fn to_error_response(&self) -> aphro_core::protocol::ErrorResponse {
+        aphro_core::protocol::ErrorResponse::new(
+            self.status(),
+            self.error_type(),
+            self.to_string(),
+            self.param(),
+        )
+    }
+
+    /// `{"error": {"message", "type", "param", "code"}}` as JSON.
     pub fn to_envelope(&self) -> Value {
-        json!({"error": {
-            "message": self.to_string(),
-            "type": self.error_type(),
-            "param": self.param(),
-            "code": self.status(),
-        }})
+        self.to_error_response().to_value()
     }
 }
 

@@ -34,10 +34,7 @@ pub fn routes(tokens_only: bool) -> OpenApiRouter<AppState> {
 
 impl From<ServingError> for ApiError {
     fn from(e: ServingError) -> Self {
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut out = ApiError::new(status, e.error_type(), e.to_string());
-        out.param = e.param().map(str::to_owned);
-        out
+        e.to_error_response().into()
     }
 }
 

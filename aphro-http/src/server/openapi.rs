@@ -22,22 +22,8 @@ use serde::Serialize;
 use utoipa::openapi::OpenApi;
 use utoipa::ToSchema;
 
-/// The vLLM variant of the OpenAI error object (`api.md` §1.2).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ErrorResponse {
-    pub error: ErrorObject,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ErrorObject {
-    pub message: String,
-    /// `BadRequestError`, `Bad Request` (structural validation), `NotFoundError`, ...
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub param: Option<String>,
-    /// The HTTP status, as an integer.
-    pub code: u16,
-}
+/// The error body (`api.md` §1.2): the one type in `aphro_core::protocol`.
+pub use aphro_core::protocol::{ErrorObject, ErrorResponse};
 
 /// `GET /version`.
 #[derive(Debug, Serialize, ToSchema)]
