@@ -70,6 +70,19 @@ fn render_server_survives_stalled_surplus_and_malformed_clients() {
     ]);
     let addr = s.addr();
 
+    // One body limit on every route family of the role, answered with the JSON envelope.
+    let big = json!({"prompt": "x".repeat(2_100_000)});
+    for path in [
+        "/tokenize",
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
+        "/v1/chat/completions/derender",
+    ] {
+        let (status, body) = s.post(path, &big, &[]);
+        assert_eq!(status, 413, "{path}: {body}");
+        assert_eq!(json(&body)["error"]["code"], 413, "{path}");
+    }
+
     // Stalled clients: half a request line, or headers and half a body.
     let mut stalled = Vec::new();
     for i in 0..40 {

@@ -904,6 +904,7 @@ fn server_builder_mounts_under_a_base_path() {
         })
         .base_path("/llm/")
         .docs(false)
+        .max_body_bytes(4096)
         .build()
         .expect("builds");
     let app = axum::Router::new()
@@ -924,6 +925,13 @@ fn server_builder_mounts_under_a_base_path() {
     let v = json(&body);
     assert_eq!(v["model"], "smol");
     assert_eq!(v["usage"]["completion_tokens"], 4);
+    // The OpenAI family under the builder's body limit: the JSON 413.
+    let big = json!({"model": "smol", "messages": [{"role": "user", "content": "x".repeat(5000)}]});
+    for path in ["/llm/v1/chat/completions", "/llm/v1/completions"] {
+        let (status, body) = call(app.clone(), "POST", path, Some(big.clone()));
+        assert_eq!(status, 413, "{path}: {body}");
+        assert_eq!(json(&body)["error"]["code"], 413, "{path}");
+    }
     assert_eq!(call(app.clone(), "GET", "/llm/openapi.json", None).0, 404);
     assert_eq!(call(app.clone(), "GET", "/v1/models", None).0, 404);
 

@@ -2,8 +2,11 @@
 (`APHRO_ASSETS`, filled by `scripts/fetch_assets.py`; default: `<repo>/.assets`)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +49,59 @@ def derenderer(model):
 @pytest.fixture(scope="session")
 def qwen3_dir():
     return str(ASSETS / "tokenizers" / "qwen3")
+
+
+SMOL = "smol"
+SERVE_FLAGS = ["--kv-cache-memory", "33554432", "--max-model-len", "auto", "--max-num-seqs", "8"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def aphro_server(*args: str):
+    """Runs the Rust binary (`APHRO_BIN`) as `aphro ARGS --port P` until the block ends and
+    yields its base URL once `/health` answers; skips when the binary is not built."""
+    import httpx
+
+    import aphro.cli
+
+    binary = aphro.cli.find_binary()
+    if binary is None or not os.path.isfile(binary):
+        pytest.skip("the `aphro` binary is not built (set APHRO_BIN)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, *args, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited: {proc.stderr.read().decode(errors='replace')}")
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                pytest.fail("server did not start")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def integrated_server():
+    """`aphro serve` on the test GGUF as `smol` with a small cache: the base URL."""
+    with aphro_server("serve", str(DEFAULT_GGUF), "--served-model-name", SMOL, *SERVE_FLAGS) as base:
+        yield base

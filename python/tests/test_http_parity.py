@@ -2,56 +2,20 @@
 request gives the same body, and the same bad request the same error body."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import time
-
 import pytest
 
 import aphro
-import aphro.cli
+from conftest import aphro_server
 
 httpx = pytest.importorskip("httpx")
 
 NAME = "SmolLM2-135M-Instruct"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    binary = aphro.cli.find_binary()
-    if binary is None or not os.path.isfile(binary):
-        pytest.skip("the `aphro` binary is not built (set APHRO_BIN)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "launch", "render", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {proc.stderr.read().decode(errors='replace')}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                pytest.fail("server did not start")
-            time.sleep(0.2)
+    with aphro_server("launch", "render") as base:
         yield httpx.Client(base_url=base, timeout=30)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -4,60 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
-import subprocess
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 import aphro
-import aphro.cli
+from conftest import DEFAULT_GGUF as GGUF
+from conftest import SMOL as MODEL
 
-MODEL = "smol"
-GGUF = Path(os.environ["APHRO_ASSETS"]) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The engine arguments of conftest's `aphro serve` (SERVE_FLAGS), so both sides run alike.
 ENGINE = {"kv_cache_memory": 33554432, "max_model_len": "auto", "max_num_seqs": 8}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def http():
-    binary = aphro.cli.find_binary()
-    if binary is None or not os.path.isfile(binary):
-        pytest.skip("the `aphro` binary is not built (set APHRO_BIN)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "serve", str(GGUF), "--port", str(port), "--served-model-name", MODEL,
-         "--kv-cache-memory", str(ENGINE["kv_cache_memory"]), "--max-model-len", "auto",
-         "--max-num-seqs", str(ENGINE["max_num_seqs"])],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {proc.stderr.read().decode(errors='replace')}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                pytest.fail("server did not start")
-            time.sleep(0.2)
-        yield httpx.Client(base_url=base, timeout=60)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def http(integrated_server):
+    with httpx.Client(base_url=integrated_server, timeout=60) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

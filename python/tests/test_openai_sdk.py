@@ -2,58 +2,15 @@
 SDK: stop strings end completions and chats where vLLM ends them, streamed or not."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import time
-from pathlib import Path
-
-import httpx
 import openai
 import pytest
 
-import aphro.cli
-
-MODEL = "smol"
-GGUF = Path(os.environ["APHRO_ASSETS"]) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import SMOL as MODEL
 
 
 @pytest.fixture(scope="module")
-def client():
-    binary = aphro.cli.find_binary()
-    if binary is None or not os.path.isfile(binary):
-        pytest.skip("the `aphro` binary is not built (set APHRO_BIN)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "serve", str(GGUF), "--port", str(port), "--served-model-name", MODEL,
-         "--kv-cache-memory", "33554432", "--max-model-len", "auto", "--max-num-seqs", "8"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {proc.stderr.read().decode(errors='replace')}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                pytest.fail("server did not start")
-            time.sleep(0.2)
-        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=60)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def client(integrated_server):
+    return openai.OpenAI(base_url=f"{integrated_server}/v1", api_key="unused", timeout=60)
 
 
 def _middle_stop(text: str) -> str:
