@@ -42,6 +42,10 @@ class LLM:
         **engine_args: Any,
     ) -> None:
         self.engine = Engine(model, **engine_args)
+        # The renderer and derenderer share the tokenizer side the engine loaded.
+        shared = self.engine.model
+        if shared is not None:
+            model = shared
         name = self.engine.served_model_name
         max_model_len = self.engine.max_model_len
         parsers = dict(

@@ -236,6 +236,17 @@ impl PyEngine {
         self.inner.model_path().to_string_lossy().into_owned()
     }
 
+    /// The tokenizer side (tokenizer, chat template, generation defaults) as the engine
+    /// loaded it, or `None` when it could not be loaded (a tokens-only engine of a model
+    /// without tokenizer files): pass it to `Renderer` / `Derenderer` to share it.
+    #[getter]
+    fn model(&self) -> Option<PyModel> {
+        self.inner.model().map(|m| PyModel {
+            inner: m.clone(),
+            spec: self.inner.model_path().to_string_lossy().into_owned(),
+        })
+    }
+
     /// False once the engine thread failed.
     fn is_healthy(&self) -> bool {
         self.inner.is_healthy()
