@@ -2,6 +2,9 @@
 SDK: stop strings end completions and chats where vLLM ends them, streamed or not."""
 from __future__ import annotations
 
+import time
+
+import httpx
 import openai
 import pytest
 
