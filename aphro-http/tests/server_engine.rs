@@ -950,4 +950,23 @@ fn server_builder_mounts_under_a_base_path() {
         call(app, "POST", "/v1/chat/completions", Some(json!({}))).0,
         404
     );
+
+    // The served context is honoured on the engine roles too, never dropped.
+    let engine = Server::builder()
+        .model(gguf())
+        .role(Role::TokensOnly)
+        .engine(ServingConfig {
+            kv_cache_memory: Some(16 << 20),
+            ..ServingConfig::default()
+        })
+        .max_model_len(256)
+        .build()
+        .expect("tokens-only role");
+    assert_eq!(engine.state().settings.max_model_len, 256);
+    assert!(Server::builder()
+        .model(gguf())
+        .role(Role::Render)
+        .skip_tokenizer_init(true)
+        .build()
+        .is_err());
 }

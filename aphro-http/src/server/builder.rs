@@ -243,8 +243,8 @@ impl ServerBuilder {
         self
     }
 
-    /// The context the render role reports and checks (`aphro launch render
-    /// --max-model-len`); the engine roles take theirs from [`Self::engine`].
+    /// The served context (`--max-model-len`): what the render role reports and checks, and
+    /// on the engine roles the engine's context (overriding [`Self::engine`]'s).
     pub fn max_model_len(mut self, tokens: usize) -> Self {
         self.max_model_len = Some(tokens);
         self
@@ -330,6 +330,9 @@ impl ServerBuilder {
             skip_tokenizer_init: self.skip_tokenizer_init,
         };
         let state = match self.role {
+            Role::Render if self.skip_tokenizer_init => {
+                anyhow::bail!("the render role needs the tokenizer: skip_tokenizer_init is for the engine roles")
+            }
             Role::Render => {
                 let model = Arc::new(front.load_model(&spec)?);
                 let renderer = front.renderer(model.clone(), &served, self.max_model_len)?;
@@ -343,6 +346,9 @@ impl ServerBuilder {
                 let tokens_only = self.role == Role::TokensOnly;
                 let mut cfg = self.engine.clone();
                 cfg.model = spec.clone();
+                if let Some(n) = self.max_model_len {
+                    cfg.max_model_len = aphro_engine::serving::MaxModelLen::Tokens(n);
+                }
                 cfg.dtype = self.dtype.unwrap_or(if self.model.is_none() {
                     EMBEDDED_DEFAULT_DTYPE
                 } else {
