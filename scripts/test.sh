@@ -19,14 +19,13 @@ APHRO_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/aphro" ./scripts/first_run.sh
 # Hostile traffic against the binary `cargo test` just built (CI size; see scripts/stress.sh).
 APHRO_STRESS_PROFILE=debug ./scripts/stress.sh --quick "$APHRO_ASSETS/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# GPU backends. The `cuda` feature must build on a machine without the CUDA toolkit or a GPU
-# (burn-cuda loads libcuda/libnvrtc at run time), so CI type-checks it. The CubeCL kernels
-# themselves run for real through burn-wgpu on lavapipe, Mesa's CPU Vulkan driver; the test
-# fails (rather than skips) under CI=true when no Vulkan adapter is found.
-cargo check -p aphro-http --features cuda --locked
-# Lints on every target (tests, examples, benches) as errors; runs after the check above so
-# the dependencies' metadata is already built.
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# Lints on every target (tests, examples, benches) as errors, in the same pass that
+# type-checks the GPU backend: the `cuda` feature must build on a machine without the CUDA
+# toolkit or a GPU (burn-cuda loads libcuda/libnvrtc at run time), and one check pass over
+# the workspace with it on costs one metadata build of the dependencies instead of two.
+cargo clippy --workspace --all-targets --features aphro-http/cuda --locked -- -D warnings
+# The CubeCL kernels themselves run for real through burn-wgpu on lavapipe, Mesa's CPU Vulkan
+# driver; the test fails (rather than skips) under CI=true when no Vulkan adapter is found.
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-get >/dev/null; then
     SUDO=""
     [ "$(id -u)" != 0 ] && SUDO="sudo"
@@ -35,14 +34,18 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-
 fi
 cargo test -p aphro-engine --features wgpu --test paged_attention_wgpu --locked
 
-# Python bindings (python/): a fresh venv, one release build of the extension installed the
-# way users install it (`pip install ./python`, maturin backend, shared cargo target dir),
-# then pytest. The HTTP parity tests use the `aphro` binary that `cargo test` just built.
+# Python bindings (python/): a fresh venv, the extension installed the way users install it
+# (`pip install ./python`, maturin's PEP 517 backend, shared cargo target dir), then pytest.
+# CI builds it with the dev profile (`MATURIN_PEP517_ARGS`), which reuses the dependencies
+# `cargo test` just compiled (the dev profile optimizes them, Cargo.toml) instead of a second,
+# release build of the whole tree. The HTTP parity tests use the `aphro` binary `cargo test`
+# built.
 PYVENV="$PWD/.venv-test"
 rm -rf "$PYVENV"
 python3 -m venv "$PYVENV"
 export PATH="$PYVENV/bin:$PATH" # maturin's PEP 517 backend runs `maturin` from PATH
 "$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.7,<2" pytest httpx "openai>=1.50,<3"
-"$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation ./python
+MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" \
+    "$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation ./python
 APHRO_BIN="${APHRO_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/aphro}" \
     "$PYVENV/bin/python" -m pytest python/tests -q -p no:cacheprovider
