@@ -138,7 +138,7 @@ fn check_chat(case: &Value, model: Option<&Arc<Model>>) -> Result<(), String> {
                     "{id}: prompt differs\n  got:  {:?}\n  want: {:?}\n  context: {}\n  golden context: {}",
                     r.prompt,
                     want,
-                    Value::Object(r.context.clone()),
+                    Value::Object(r.context()),
                     case["template_context"]
                 ));
             }
@@ -274,4 +274,76 @@ fn render_parity_all_families() {
         }
     }
     assert!(all_ok, "render parity failures (see output above)");
+}
+
+/// The fast encoder (`fastokens`) against `tokenizers` on every prompt of the render corpus:
+/// the same ids, on a first encode and on a second one answered from its segment cache, and
+/// it is on for every tokenizer of the corpus (a silent fallback would hide a regression of
+/// the render path's speed, and a disagreement would hide behind the fallback).
+#[test]
+fn fast_encoder_matches_tokenizers_on_the_corpus() {
+    let dir = common::testdata("render");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("testdata/render")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    let mut models: BTreeMap<String, Arc<Model>> = BTreeMap::new();
+    let (mut checked, mut failures) = (0usize, Vec::new());
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read golden");
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let case: Value = serde_json::from_str(line).expect("golden json");
+            let Some(tok_path) = case["tokenizer"].as_str() else {
+                continue;
+            };
+            let model = models
+                .entry(tok_path.to_owned())
+                .or_insert_with(|| Arc::new(load_model(tok_path)))
+                .clone();
+            let (prompt, add_special) = match case["kind"].as_str() {
+                Some("chat") => (
+                    case["prompt"].as_str(),
+                    case["request"]["add_special_tokens"]
+                        .as_bool()
+                        .unwrap_or(false),
+                ),
+                _ => (
+                    case["request"]["prompt"].as_str(),
+                    case["request"]["add_special_tokens"]
+                        .as_bool()
+                        .unwrap_or(true),
+                ),
+            };
+            let Some(prompt) = prompt else { continue };
+            let tok = &model.tokenizer;
+            let reference = tok
+                .encode_reference(prompt, add_special)
+                .expect("tokenizers encodes");
+            for pass in ["first", "cached"] {
+                let fast = tok.encode(prompt, add_special).expect("fast encodes");
+                if fast != reference {
+                    let at = fast.iter().zip(&reference).position(|(a, b)| a != b);
+                    failures.push(format!(
+                        "{} ({pass} encode): {} vs {} ids, first difference at {at:?}",
+                        case["id"],
+                        fast.len(),
+                        reference.len()
+                    ));
+                }
+            }
+            checked += 1;
+        }
+    }
+    for (path, model) in &models {
+        if let aphro_core::tokenizer::EncoderBackend::Tokenizers { reason } =
+            model.tokenizer.encoder_backend()
+        {
+            failures.push(format!("{path}: no fast encoder: {reason}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // 414 of the corpus's cases name a tokenizer (the rest are template-only families).
+    assert!(checked >= 400, "only {checked} prompts checked");
 }
