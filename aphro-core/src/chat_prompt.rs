@@ -5,6 +5,7 @@ use crate::content_parts::{parse_parts, ContentCapabilities, Part};
 use crate::error::{Error, Result};
 use crate::protocol::{ChatCompletionRequest, ChatMessage, ChatTool, MessageContent};
 use crate::template::{ChatTemplate, Clock, ContentFormat};
+use minijinja::Value as Jv;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -31,17 +32,24 @@ const RESERVED_KWARGS: [&str; 8] = [
 ];
 
 /// The prompt and what the template saw (useful to debug against the goldens).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct RenderedChat {
     pub prompt: String,
-    /// vLLM-normalized conversation (`apply_chat_template_args.conversation`).
-    pub conversation: Vec<Value>,
-    /// Normalized tools, or `None`.
-    pub tools: Option<Vec<Value>>,
     /// Request kwargs kept after filtering to names the template references.
     pub chat_template_kwargs: Map<String, Value>,
-    /// The exact template variables.
-    pub context: Map<String, Value>,
+    /// The exact template variables, as the template engine holds them.
+    context: Jv,
+}
+
+impl RenderedChat {
+    /// The exact template variables as JSON (`messages`, `tools`, `documents`,
+    /// `add_generation_prompt`, the special-token strings, the kwargs).
+    pub fn context(&self) -> Map<String, Value> {
+        match serde_json::to_value(&self.context) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        }
+    }
 }
 
 /// Template + special tokens + normalization settings: request → prompt string. Holds no
@@ -49,7 +57,8 @@ pub struct RenderedChat {
 #[derive(Debug)]
 pub struct ChatPrompter {
     template: ChatTemplate,
-    special_tokens: Map<String, Value>,
+    /// The special-token strings (`bos_token`, …) as template values, converted once.
+    special_tokens: Vec<(Jv, Jv)>,
     content_format: ContentFormat,
     tool_arguments: ToolArguments,
     /// Which media parts pass (none: a text-only model).
@@ -93,6 +102,10 @@ impl ChatPrompter {
             ContentFormat::Auto => template.detected_content_format(),
             f => f,
         };
+        let special_tokens = special_tokens
+            .iter()
+            .map(|(k, v)| (Jv::from(k.as_str()), Jv::from_serialize(v)))
+            .collect();
         Ok(Self {
             template,
             special_tokens,
@@ -126,13 +139,21 @@ impl ChatPrompter {
     /// refused part is the request's error), then joined into one string for `string`
     /// templates, or kept as typed dicts for `openai` ones (a tool message's text parts are
     /// joined into a string either way).
-    fn normalize_content(&self, m: &ChatMessage) -> Result<Value> {
+    fn normalize_content(&self, m: &ChatMessage) -> Result<Jv> {
         let parts = match &m.content {
             None => Vec::new(),
+            // The common case: one string, whatever the content format (vLLM wraps it as
+            // one text part, which joins back to itself; `openai` templates get that part).
+            Some(MessageContent::Text(s))
+                if self.content_format == ContentFormat::String || m.role == "tool" =>
+            {
+                return Ok(Jv::from(s.as_str()));
+            }
             Some(MessageContent::Text(s)) => vec![Part::Text(s.clone())],
             Some(MessageContent::Parts(p)) => parse_parts(p, &self.capabilities)?,
         };
-        let joined = || {
+        let all_text = parts.iter().all(|p| matches!(p, Part::Text(_)));
+        if self.content_format == ContentFormat::String || (m.role == "tool" && all_text) {
             let texts: Vec<&str> = parts
                 .iter()
                 .filter_map(|p| match p {
@@ -141,87 +162,68 @@ impl ChatPrompter {
                     Part::Media(_) => None,
                 })
                 .collect();
-            Value::String(texts.join("\n"))
-        };
-        let all_text = parts.iter().all(|p| matches!(p, Part::Text(_)));
-        if self.content_format == ContentFormat::String || (m.role == "tool" && all_text) {
-            return Ok(joined());
+            return Ok(Jv::from(texts.join("\n")));
         }
-        Ok(Value::Array(
-            parts
-                .iter()
-                .map(|p| match p {
-                    Part::Text(t) => serde_json::json!({"type": "text", "text": t}),
-                    Part::ToolReference(n) => {
-                        serde_json::json!({"type": "tool_reference", "name": n})
-                    }
-                    Part::Media(m) => serde_json::json!({"type": m.as_str()}),
-                })
-                .collect(),
-        ))
+        Ok(parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => Jv::from_iter([("type", "text"), ("text", t.as_str())]),
+                Part::ToolReference(n) => {
+                    Jv::from_iter([("type", "tool_reference"), ("name", n.as_str())])
+                }
+                Part::Media(m) => Jv::from_iter([("type", m.as_str())]),
+            })
+            .collect())
     }
 
-    fn normalize_message(&self, m: &ChatMessage) -> Result<Value> {
-        let mut o = Map::new();
-        o.insert("role".into(), Value::String(m.role.clone()));
-        let content = self.normalize_content(m)?;
-        o.insert("content".into(), content);
+    /// One message as the template sees it: vLLM's normalized message (role, content,
+    /// tool calls with their arguments parsed, tool call id, name, reasoning) as transformers
+    /// 5 passes it on, with `None`-valued keys dropped and the reasoning also under
+    /// `thinking` (first). Built straight into template values: no intermediate JSON tree.
+    fn template_message(&self, m: &ChatMessage) -> Result<Jv> {
+        let mut o: Vec<(&'static str, Jv)> = Vec::with_capacity(4);
+        if let Some(r) = &m.reasoning {
+            o.push(("thinking", Jv::from(r.as_str())));
+        }
+        o.push(("role", Jv::from(m.role.as_str())));
+        o.push(("content", self.normalize_content(m)?));
         if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_empty()) {
-            let calls: Vec<Value> = calls
+            let calls: Jv = calls
                 .iter()
                 .map(|c| {
                     let args = match (&c.function.arguments, self.tool_arguments) {
                         (Value::String(s), ToolArguments::Object) => {
                             match serde_json::from_str::<Value>(s) {
-                                Ok(v @ Value::Object(_)) => v,
-                                _ => Value::Object(Map::new()),
+                                Ok(v @ Value::Object(_)) => Jv::from_serialize(&v),
+                                _ => Jv::from_iter(std::iter::empty::<(Jv, Jv)>()),
                             }
                         }
-                        (v, _) => v.clone(),
+                        (v, _) => Jv::from_serialize(v),
                     };
-                    let mut f = Map::new();
-                    f.insert("name".into(), Value::String(c.function.name.clone()));
-                    f.insert("arguments".into(), args);
-                    let mut call = Map::new();
-                    call.insert("id".into(), c.id.clone().map_or(Value::Null, Value::String));
-                    call.insert(
-                        "type".into(),
-                        Value::String(c.kind.clone().unwrap_or_else(|| "function".into())),
-                    );
-                    call.insert("function".into(), Value::Object(f));
-                    Value::Object(call)
+                    let function = Jv::from_iter([
+                        ("name", Jv::from(c.function.name.as_str())),
+                        ("arguments", args),
+                    ]);
+                    Jv::from_iter([
+                        ("id", c.id.as_deref().map_or(Jv::from(()), Jv::from)),
+                        ("type", Jv::from(c.kind.as_deref().unwrap_or("function"))),
+                        ("function", function),
+                    ])
                 })
                 .collect();
-            o.insert("tool_calls".into(), Value::Array(calls));
+            o.push(("tool_calls", calls));
         }
         if let Some(id) = &m.tool_call_id {
-            o.insert("tool_call_id".into(), Value::String(id.clone()));
+            o.push(("tool_call_id", Jv::from(id.as_str())));
         }
         if let Some(name) = &m.name {
-            o.insert("name".into(), Value::String(name.clone()));
+            o.push(("name", Jv::from(name.as_str())));
         }
         if let Some(r) = &m.reasoning {
-            o.insert("reasoning".into(), Value::String(r.clone()));
-            o.insert("reasoning_content".into(), Value::String(r.clone()));
+            o.push(("reasoning", Jv::from(r.as_str())));
+            o.push(("reasoning_content", Jv::from(r.as_str())));
         }
-        Ok(Value::Object(o))
-    }
-
-    /// transformers 5: drop `None`-valued keys and expose reasoning as `thinking` too.
-    fn template_message(m: &Value) -> Value {
-        let Some(obj) = m.as_object() else {
-            return m.clone();
-        };
-        let mut o = Map::new();
-        if let Some(r) = obj.get("reasoning").filter(|r| !r.is_null()) {
-            o.insert("thinking".into(), r.clone());
-        }
-        for (k, v) in obj {
-            if !v.is_null() {
-                o.insert(k.clone(), v.clone());
-            }
-        }
-        Value::Object(o)
+        Ok(Jv::from_iter(o))
     }
 
     /// Kwargs the template can see: names it references, minus `apply_chat_template`'s own.
@@ -279,49 +281,57 @@ impl ChatPrompter {
 
     /// Normalizes the request and renders the template.
     pub fn render(&self, req: &ChatCompletionRequest) -> Result<RenderedChat> {
+        self.render_with_defaults(req, &Map::new())
+    }
+
+    /// As [`Self::render`], with `defaults` under the request's `chat_template_kwargs` (the
+    /// server's `--default-chat-template-kwargs`; the request's keys win).
+    pub fn render_with_defaults(
+        &self,
+        req: &ChatCompletionRequest,
+        defaults: &Map<String, Value>,
+    ) -> Result<RenderedChat> {
         if req.continue_final_message && req.add_generation_prompt {
             return Err(Error::validation(
                 "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
                 None,
             ));
         }
-        let conversation: Vec<Value> = req
+        let messages = req
             .messages
             .iter()
-            .map(|m| self.normalize_message(m))
-            .collect::<Result<_>>()?;
-        let tools: Option<Vec<Value>> = req
-            .tools
+            .map(|m| self.template_message(m))
+            .collect::<Result<Vec<Jv>>>()?;
+        let last_message = messages.last().cloned();
+        let messages = Jv::from(messages);
+        let tools = req.tools.as_ref().map_or(Jv::from(()), |t| {
+            t.iter()
+                .map(|t| Jv::from_serialize(normalize_tool(t)))
+                .collect()
+        });
+        let documents = req
+            .documents
             .as_ref()
-            .map(|t| t.iter().map(normalize_tool).collect());
-        let kwargs = self.filter_kwargs(&Self::request_kwargs(req));
+            .map_or(Jv::from(()), |d| d.iter().map(Jv::from_serialize).collect());
+        let mut kwargs = defaults.clone();
+        kwargs.extend(Self::request_kwargs(req));
+        let kwargs = self.filter_kwargs(&kwargs);
 
-        let mut ctx = Map::new();
-        ctx.insert(
-            "messages".into(),
-            Value::Array(conversation.iter().map(Self::template_message).collect()),
-        );
-        ctx.insert(
-            "tools".into(),
-            tools.clone().map_or(Value::Null, Value::Array),
-        );
-        ctx.insert(
-            "documents".into(),
-            req.documents.as_ref().map_or(Value::Null, |d| {
-                Value::Array(d.iter().cloned().map(Value::Object).collect())
-            }),
-        );
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Value::Bool(req.add_generation_prompt),
-        );
-        for (k, v) in &self.special_tokens {
-            ctx.insert(k.clone(), v.clone());
-        }
+        let mut ctx: Vec<(Jv, Jv)> =
+            Vec::with_capacity(4 + self.special_tokens.len() + kwargs.len());
+        ctx.push((Jv::from("messages"), messages));
+        ctx.push((Jv::from("tools"), tools));
+        ctx.push((Jv::from("documents"), documents));
+        ctx.push((
+            Jv::from("add_generation_prompt"),
+            Jv::from(req.add_generation_prompt),
+        ));
+        ctx.extend(self.special_tokens.iter().cloned());
         for (k, v) in &kwargs {
-            ctx.insert(k.clone(), v.clone());
+            ctx.push((Jv::from(k.as_str()), Jv::from_serialize(v)));
         }
-        let mut prompt = match self.template.render(&ctx) {
+        let context = Jv::from_iter(ctx);
+        let mut prompt = match self.template.render_value(&context) {
             // vLLM accepts an empty list and lets the template decide; most templates index
             // `messages[0]`, and their bare "undefined value" would not say what is wrong.
             Err(Error::Template(e)) if req.messages.is_empty() => {
@@ -336,29 +346,35 @@ impl ChatPrompter {
             r => r?,
         };
         if req.continue_final_message {
-            prompt = cut_after_final_message(prompt, conversation.last())?;
+            prompt = cut_after_final_message(prompt, last_message.as_ref())?;
         }
         Ok(RenderedChat {
             prompt,
-            conversation,
-            tools,
             chat_template_kwargs: kwargs,
-            context: ctx,
+            context,
         })
     }
 }
 
 /// transformers' `continue_final_message`: cut the rendered chat right after the final
 /// message's text so the model continues it.
-fn cut_after_final_message(rendered: String, last: Option<&Value>) -> Result<String> {
-    let content = last.and_then(|m| m.get("content"));
+fn cut_after_final_message(rendered: String, last: Option<&Jv>) -> Result<String> {
+    use minijinja::value::ValueKind;
+    let content = last.and_then(|m| m.get_attr("content").ok());
     let final_text: String = match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
+        Some(c) if c.kind() == ValueKind::String => c.as_str().unwrap_or_default().to_owned(),
+        Some(c) if c.kind() == ValueKind::Seq => c
+            .try_iter()
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .into_iter()
             .rev()
-            .find_map(|p| p.get("text").and_then(Value::as_str))
-            .map(str::to_owned)
+            .find_map(|p| {
+                p.get_attr("text")
+                    .ok()
+                    .and_then(|t| t.as_str().map(str::to_owned))
+            })
             .ok_or_else(|| {
                 Error::Template(
                     "continue_final_message is set but we could not find any text to continue in the final message!"

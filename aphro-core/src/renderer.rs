@@ -208,26 +208,27 @@ impl Renderer {
     /// several copies of it first.
     fn check_chat_chars(&self, messages: &[crate::protocol::ChatMessage]) -> Result<()> {
         use crate::protocol::MessageContent;
-        let mut bytes = 0usize;
-        let mut chars = 0usize;
-        let mut add = |s: &str| {
-            bytes = bytes.saturating_add(s.len());
-            chars = chars.saturating_add(s.chars().count());
+        let each_text = |f: &mut dyn FnMut(&str)| {
+            for m in messages {
+                match &m.content {
+                    Some(MessageContent::Text(t)) => f(t),
+                    Some(MessageContent::Parts(parts)) => parts
+                        .iter()
+                        .filter_map(|p| p.text.as_deref())
+                        .for_each(&mut *f),
+                    None => {}
+                }
+                if let Some(r) = &m.reasoning {
+                    f(r);
+                }
+            }
         };
-        for m in messages {
-            match &m.content {
-                Some(MessageContent::Text(t)) => add(t),
-                Some(MessageContent::Parts(parts)) => parts
-                    .iter()
-                    .filter_map(|p| p.text.as_deref())
-                    .for_each(&mut add),
-                None => {}
-            }
-            if let Some(r) = &m.reasoning {
-                add(r);
-            }
-        }
+        // Bytes bound chars from above: count chars only when the bytes are over.
+        let mut bytes = 0usize;
+        each_text(&mut |t| bytes = bytes.saturating_add(t.len()));
         if bytes > self.max_prompt_chars {
+            let mut chars = 0usize;
+            each_text(&mut |t| chars = chars.saturating_add(t.chars().count()));
             crate::limits::RequestLimits::check_prompt_chars(
                 chars,
                 self.max_prompt_chars,
@@ -331,17 +332,9 @@ impl Renderer {
         if self.options.strict_template_kwargs {
             prompter.check_kwargs_are_read(req)?;
         }
-        let defaults = &self.options.default_chat_template_kwargs;
-        if defaults.is_empty() {
-            return prompter.render(req);
-        }
         // `--default-chat-template-kwargs` reach the template under the request's own (vLLM
         // merges them before rendering); only the request's keys are held to strictness.
-        let mut merged = req.clone();
-        let mut kwargs = defaults.clone();
-        kwargs.extend(req.chat_template_kwargs.clone().unwrap_or_default());
-        merged.chat_template_kwargs = Some(kwargs);
-        prompter.render(&merged)
+        prompter.render_with_defaults(req, &self.options.default_chat_template_kwargs)
     }
 
     /// `POST /v1/chat/completions/render` with the body's `request_id`.

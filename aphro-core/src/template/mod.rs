@@ -349,12 +349,16 @@ impl ChatTemplate {
 
     /// Renders with the given context (an object of template variables).
     pub fn render(&self, ctx: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
+        self.render_value(&Value::from_serialize(ctx))
+    }
+
+    /// Renders with a context already built as template values (a map of variables).
+    pub fn render_value(&self, ctx: &Value) -> Result<String> {
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| template_error(&e))?;
-        tmpl.render(Value::from_serialize(ctx))
-            .map_err(|e| template_error(&e))
+        tmpl.render(ctx).map_err(|e| template_error(&e))
     }
 }
 
