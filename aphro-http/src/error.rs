@@ -111,8 +111,16 @@ impl IntoResponse for ApiError {
 }
 
 /// A JSON response with an exact body (no pretty-printing, UTF-8 kept).
-pub fn json_response(status: StatusCode, body: &Value) -> Response {
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+pub fn json_response<T: serde::Serialize + ?Sized>(status: StatusCode, body: &T) -> Response {
+    // Straight to bytes: a `GenerateRequest` carries thousands of token ids, which a detour
+    // through `serde_json::Value` would box one by one.
+    let bytes = match serde_json::to_vec(body) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return ApiError::internal(format!("response serialization failed: {e}"))
+                .into_response()
+        }
+    };
     let mut resp = (status, bytes).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -94,6 +94,81 @@ pub struct AppState {
     pub derenderer: Option<Arc<aphro_core::derenderer::Derenderer>>,
     /// Present on `aphro serve` (with or without `--tokens-only`).
     pub engine: Option<Arc<aphro_engine::serving::ServingEngine>>,
+    /// Admits CPU-bound request work (render, tokenize, derender) a core's worth at a time.
+    pub cpu: Arc<CpuGate>,
+}
+
+/// Runs CPU-bound request work (render, tokenize, derender) at most one job per core at a
+/// time.
+///
+/// A job from a body of up to [`INLINE_BODY_LIMIT`] bytes runs on the async worker that
+/// handles the request: handing it to the blocking pool and back costs two thread wake-ups
+/// and context switches, which measured as much as the render itself (render throughput on
+/// two cores doubled without them, `scripts/bench_render.sh`). Larger or unsized bodies
+/// (the rare long jobs) go to the blocking pool so they cannot hold a worker for long.
+///
+/// Without the bound every concurrent request would run at once: 64 clients on two cores
+/// time-slicing templates and encodes with cold caches, and a tail latency set by the
+/// scheduler. Waiting for a permit costs no thread, and the semaphore is fair, so requests
+/// start in arrival order.
+#[derive(Debug)]
+pub struct CpuGate {
+    permits: tokio::sync::Semaphore,
+}
+
+/// The largest request body whose CPU work runs inline on an async worker (about 60k tokens
+/// of chat text: a few milliseconds of render).
+pub const INLINE_BODY_LIMIT: u64 = 256 << 10;
+
+/// The request's `Content-Length`, if it sent one.
+pub fn content_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+impl CpuGate {
+    /// One permit per available core.
+    pub fn per_core() -> Self {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            permits: tokio::sync::Semaphore::new(n),
+        }
+    }
+
+    /// Runs `f` once a permit is free: inline for a body of known size up to
+    /// [`INLINE_BODY_LIMIT`], on the blocking pool otherwise.
+    pub async fn run<T, E, F>(
+        &self,
+        body_len: Option<u64>,
+        f: F,
+    ) -> Result<T, crate::error::ApiError>
+    where
+        F: FnOnce() -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+        crate::error::ApiError: From<E>,
+    {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|e| crate::error::ApiError::internal(e.to_string()))?;
+        if body_len.is_some_and(|n| n <= INLINE_BODY_LIMIT) {
+            // A panic answers 500, as a panicking blocking task does, instead of dropping the
+            // connection with the worker's task.
+            return match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                Ok(r) => Ok(r?),
+                Err(_) => Err(crate::error::ApiError::internal(
+                    "request processing panicked",
+                )),
+            };
+        }
+        Ok(tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| crate::error::ApiError::internal(e.to_string()))??)
+    }
 }
 
 impl AppState {
@@ -126,6 +201,7 @@ impl AppState {
             renderer: None,
             derenderer: None,
             engine: None,
+            cpu: Arc::new(CpuGate::per_core()),
         }
     }
 

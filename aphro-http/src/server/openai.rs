@@ -4,7 +4,7 @@
 //! bytes (`api.md` §8, §12).
 use super::engine::engine;
 use super::render::{derenderer, header_request_id, renderer};
-use super::AppState;
+use super::{content_length, AppState};
 use crate::error::{json_response, ApiError};
 use crate::extract::JsonBody;
 use crate::sse::sse_response;
@@ -56,13 +56,6 @@ fn coupled(state: &AppState) -> Result<OpenAiServing, ApiError> {
     ))
 }
 
-/// Run CPU-bound coupled work (render, the final derender) off the async reactor.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, OpenAiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    Ok(tokio::task::spawn_blocking(f).await.map_err(internal)??)
-}
-
 /// The OpenAI chat endpoint: render, generate and derender in one process.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
     request_body = ChatCompletionRequest,
@@ -89,7 +82,12 @@ async fn chat_completions(
     let id = header_request_id(&headers).map(str::to_owned);
     let stream = chat.stream;
     let s = serving.clone();
-    let rendered = blocking(move || s.render_chat(chat, id.as_deref())).await?;
+    let rendered = state
+        .cpu
+        .run(content_length(&headers), move || {
+            s.render_chat(chat, id.as_deref())
+        })
+        .await?;
     tracing::info!(request_id = %rendered.id, prompt_tokens = rendered.generate.token_ids.len(), stream, "chat completion");
     if stream {
         let model = state.resolve_model(rendered.chat.model.as_deref()).ok();
@@ -97,7 +95,10 @@ async fn chat_completions(
         return Ok(sse_response(chunks.map(|c| c.map_err(ApiError::from))));
     }
     let generated = serving.generate_chat(rendered).await?;
-    let resp = blocking(move || serving.derender_chat(generated)).await?;
+    let resp = state
+        .cpu
+        .run(None, move || serving.derender_chat(generated))
+        .await?;
     let v = serde_json::to_value(resp).map_err(internal)?;
     Ok(json_response(StatusCode::OK, &v))
 }
@@ -128,14 +129,22 @@ async fn completions(
     let id = header_request_id(&headers).map(str::to_owned);
     let stream = req.stream;
     let s = serving.clone();
-    let rendered = blocking(move || s.render_completion(req, id.as_deref())).await?;
+    let rendered = state
+        .cpu
+        .run(content_length(&headers), move || {
+            s.render_completion(req, id.as_deref())
+        })
+        .await?;
     if stream {
         let model = state.resolve_model(rendered.request.model.as_deref())?;
         let chunks = serving.stream_completion(rendered, model)?;
         return Ok(sse_response(chunks.map(|c| c.map_err(ApiError::from))));
     }
     let generated = serving.generate_completion(rendered).await?;
-    let resp = blocking(move || serving.derender_completion(generated)).await?;
+    let resp = state
+        .cpu
+        .run(None, move || serving.derender_completion(generated))
+        .await?;
     let v = serde_json::to_value(resp).map_err(internal)?;
     Ok(json_response(StatusCode::OK, &v))
 }
@@ -185,18 +194,19 @@ pub async fn generate_derender(
     let mut req = req;
     req.output_mode = "tokens".into();
     let generated = engine.generate(req, header_id)?.collect_response().await?;
-    let out = tokio::task::spawn_blocking(move || {
-        derenderer.derender_chat(DerenderChatRequest {
-            stream: false,
-            model: None,
-            generate_response: generated,
-            prompt_tokens: Some(prompt_ids.len() as u64),
-            prompt_token_ids: Some(prompt_ids),
-            chat_request,
+    let out = state
+        .cpu
+        .run(None, move || {
+            derenderer.derender_chat(DerenderChatRequest {
+                stream: false,
+                model: None,
+                generate_response: generated,
+                prompt_tokens: Some(prompt_ids.len() as u64),
+                prompt_token_ids: Some(prompt_ids),
+                chat_request,
+            })
         })
-    })
-    .await
-    .map_err(internal)??;
+        .await?;
     let v = serde_json::to_value(GenerateDerenderResponse {
         response: out,
         output_mode: DerenderMode::Derender,

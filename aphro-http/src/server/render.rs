@@ -3,7 +3,7 @@
 //! Handlers are thin: parse the body, call the library, serialize. All semantics live in
 //! `aphro_core::Renderer`, so the CLI, the Python bindings and these routes agree by
 //! construction.
-use super::AppState;
+use super::{content_length, AppState};
 use crate::error::{json_response, ApiError};
 use crate::extract::JsonBody;
 use aphro_core::derenderer::Derenderer;
@@ -15,7 +15,6 @@ use aphro_core::protocol::{
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
     GenerateRequest, TokenizeRequest, TokenizeResponse,
 };
-use aphro_core::renderer::{parse_chat_request, parse_completion_request};
 use aphro_core::Renderer;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -72,10 +71,6 @@ fn no_tokenizer(state: &AppState, what: &str) -> ApiError {
     }
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, ApiError> {
-    serde_json::to_value(v).map_err(|e| ApiError::internal(format!("serialization failed: {e}")))
-}
-
 /// Chat request -> one `GenerateRequest` (template applied, tokenized, sampling resolved).
 #[utoipa::path(post, path = "/v1/chat/completions/render", tag = "render",
     request_body = ChatCompletionRequest,
@@ -89,17 +84,18 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, ApiError> {
 async fn render_chat(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let renderer = renderer(&state)?.clone();
-    let req = parse_chat_request(&body)?;
     let id = header_request_id(&headers).map(str::to_owned);
     // Templates and tokenizers are CPU work: keep them off the async reactor.
-    let out =
-        tokio::task::spawn_blocking(move || renderer.render_chat_with_id(&req, id.as_deref()))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))??;
-    Ok(json_response(StatusCode::OK, &to_json(&out)?))
+    let out = state
+        .cpu
+        .run(content_length(&headers), move || {
+            renderer.render_chat_with_id(&req, id.as_deref())
+        })
+        .await?;
+    Ok(json_response(StatusCode::OK, &out))
 }
 
 /// Completion request -> one `GenerateRequest` per prompt.
@@ -115,17 +111,17 @@ async fn render_chat(
 async fn render_completion(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
+    JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let renderer = renderer(&state)?.clone();
-    let req = parse_completion_request(&body)?;
     let id = header_request_id(&headers).map(str::to_owned);
-    let out = tokio::task::spawn_blocking(move || {
-        renderer.render_completion_with_id(&req, id.as_deref())
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
-    Ok(json_response(StatusCode::OK, &to_json(&out)?))
+    let out = state
+        .cpu
+        .run(content_length(&headers), move || {
+            renderer.render_completion_with_id(&req, id.as_deref())
+        })
+        .await?;
+    Ok(json_response(StatusCode::OK, &out))
 }
 
 /// Tokenize a prompt or a chat.
@@ -139,13 +135,15 @@ async fn render_completion(
 ))]
 async fn tokenize(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Response, ApiError> {
     let renderer = renderer(&state)?.clone();
-    let out = tokio::task::spawn_blocking(move || renderer.tokenize(&req))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    Ok(json_response(StatusCode::OK, &to_json(&out)?))
+    let out = state
+        .cpu
+        .run(content_length(&headers), move || renderer.tokenize(&req))
+        .await?;
+    Ok(json_response(StatusCode::OK, &out))
 }
 
 /// Decode token ids to text.
@@ -163,7 +161,7 @@ async fn detokenize(
 ) -> Result<Response, ApiError> {
     let renderer = renderer(&state)?;
     let out = renderer.detokenize(&req)?;
-    Ok(json_response(StatusCode::OK, &to_json(&out)?))
+    Ok(json_response(StatusCode::OK, &out))
 }
 
 pub(crate) fn derenderer(state: &AppState) -> Result<&Arc<Derenderer>, ApiError> {
@@ -171,17 +169,6 @@ pub(crate) fn derenderer(state: &AppState) -> Result<&Arc<Derenderer>, ApiError>
         .derenderer
         .as_ref()
         .ok_or_else(|| no_tokenizer(state, "derenderer"))
-}
-
-/// Run CPU-bound library work off the async reactor and flatten its errors.
-async fn blocking<T, F>(f: F) -> Result<T, ApiError>
-where
-    F: FnOnce() -> aphro_core::Result<T> + Send + 'static,
-    T: Send + 'static,
-{
-    Ok(tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??)
 }
 
 /// Generate output -> OpenAI chat response (or one stream chunk plus its state).
@@ -196,20 +183,26 @@ where
 ))]
 async fn derender_chat(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let d = derenderer(&state)?.clone();
-    let out = blocking(move || {
-        let out = match parse_derender_chat_body(&body)? {
-            DerenderChatBody::Full(r) => DerenderChatOutput::Full(Box::new(d.derender_chat(*r)?)),
-            DerenderChatBody::Stream(r) => {
-                DerenderChatOutput::Stream(Box::new(d.derender_chat_stream(*r)?))
-            }
-        };
-        Ok(serde_json::to_value(out))
-    })
-    .await?
-    .map_err(|e| ApiError::internal(e.to_string()))?;
+    let out = state
+        .cpu
+        .run(
+            content_length(&headers),
+            move || -> aphro_core::Result<_> {
+                Ok(match parse_derender_chat_body(&body)? {
+                    DerenderChatBody::Full(r) => {
+                        DerenderChatOutput::Full(Box::new(d.derender_chat(*r)?))
+                    }
+                    DerenderChatBody::Stream(r) => {
+                        DerenderChatOutput::Stream(Box::new(d.derender_chat_stream(*r)?))
+                    }
+                })
+            },
+        )
+        .await?;
     Ok(json_response(StatusCode::OK, &out))
 }
 
@@ -225,21 +218,25 @@ async fn derender_chat(
 ))]
 async fn derender_completion(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let d = derenderer(&state)?.clone();
-    let out = blocking(move || {
-        let out = match parse_derender_completion_body(&body)? {
-            DerenderCompletionBody::Full(r) => {
-                DerenderCompletionOutput::Full(Box::new(d.derender_completion(*r)?))
-            }
-            DerenderCompletionBody::Stream(r) => {
-                DerenderCompletionOutput::Stream(Box::new(d.derender_completion_stream(*r)?))
-            }
-        };
-        Ok(serde_json::to_value(out))
-    })
-    .await?
-    .map_err(|e| ApiError::internal(e.to_string()))?;
+    let out = state
+        .cpu
+        .run(
+            content_length(&headers),
+            move || -> aphro_core::Result<_> {
+                Ok(match parse_derender_completion_body(&body)? {
+                    DerenderCompletionBody::Full(r) => {
+                        DerenderCompletionOutput::Full(Box::new(d.derender_completion(*r)?))
+                    }
+                    DerenderCompletionBody::Stream(r) => DerenderCompletionOutput::Stream(
+                        Box::new(d.derender_completion_stream(*r)?),
+                    ),
+                })
+            },
+        )
+        .await?;
     Ok(json_response(StatusCode::OK, &out))
 }
