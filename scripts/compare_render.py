@@ -641,6 +641,30 @@ def parse_model_spec(spec):
     return target, path, opts
 
 
+def server_argvs(aphro, vllm_rs, model, opts, max_model_len, port_aphro, port_vllm):
+    """The two servers' command lines for one model spec's options: the same model directory
+    and context length; the parsers each names its own way (aphro also needs
+    --enable-auto-tool-choice, which vllm-rs has no flag for; vllm-rs gets `none` where the
+    spec names no parser, because its default is `auto`)."""
+    common = ["--max-model-len", str(max_model_len)] if max_model_len is not None else []
+    vllm_extra, aphro_extra = [], []
+    if opts.get("tool"):
+        aphro_extra += ["--tool-call-parser", opts["tool"], "--enable-auto-tool-choice"]
+    if opts.get("reasoning"):
+        aphro_extra += ["--reasoning-parser", opts["reasoning"]]
+    for flag, key in (("--tool-call-parser", "tool"), ("--reasoning-parser", "reasoning")):
+        name = opts.get(f"vllm_{key}", opts.get(key) or "none")
+        if name != "auto":
+            vllm_extra += [flag, name]
+    aphro_model = model
+    if opts.get("aphro_model"):
+        aphro_model = opts["aphro_model"]
+        aphro_extra += ["--served-model-name", model]
+    argv_a = [str(aphro), "launch", "render", aphro_model, "--port", str(port_aphro)] + common + aphro_extra
+    argv_v = [str(vllm_rs), "render", model, "--port", str(port_vllm)] + common + vllm_extra
+    return argv_a, argv_v
+
+
 def run_model(spec, args, corpus, log_root):
     label, path, opts = parse_model_spec(spec)
     cfg = json.loads((path / "config.json").read_text())
@@ -655,28 +679,12 @@ def run_model(spec, args, corpus, log_root):
     model = str(path)
     ctx = {"model": model, "max_model_len": mml_flag or cfg_len or 4096}
 
-    common = []
-    if mml_flag is not None:
-        common += ["--max-model-len", str(mml_flag)]
-    vllm_extra, aphro_extra = [], []
-    if opts.get("tool"):
-        aphro_extra += ["--tool-call-parser", opts["tool"], "--enable-auto-tool-choice"]
-    if opts.get("reasoning"):
-        aphro_extra += ["--reasoning-parser", opts["reasoning"]]
-    for flag, key in (("--tool-call-parser", "tool"), ("--reasoning-parser", "reasoning")):
-        name = opts.get(f"vllm_{key}", opts.get(key) or "none")
-        if name != "auto":
-            vllm_extra += [flag, name]
-    aphro_model = model
-    if opts.get("aphro_model"):
-        aphro_model = opts["aphro_model"]
-        aphro_extra += ["--served-model-name", model]
-
     log_dir = Path(log_root) / re.sub(r"[^A-Za-z0-9_.-]+", "_", spec)
     log_dir.mkdir(parents=True, exist_ok=True)
     pa, pv = free_port(), free_port()
-    argv_a = [str(args.aphro), "launch", "render", aphro_model, "--port", str(pa)] + common + aphro_extra + args.aphro_arg
-    argv_v = [str(args.vllm_rs), "render", model, "--port", str(pv)] + common + vllm_extra + args.vllm_rs_arg
+    argv_a, argv_v = server_argvs(args.aphro, args.vllm_rs, model, opts, mml_flag, pa, pv)
+    argv_a += args.aphro_arg
+    argv_v += args.vllm_rs_arg
     print(f"\n## {spec}\n  aphro:   {' '.join(argv_a)}\n  vllm-rs: {' '.join(argv_v)}", flush=True)
     t0 = time.time()
     servers = []

@@ -228,8 +228,8 @@ fn check_completion(case: &Value, model: &Arc<Model>) -> Result<(), String> {
     Ok(())
 }
 
-#[test]
-fn render_parity_all_families() {
+/// Every golden case of `testdata/render`, file by file in name order.
+fn golden_cases() -> Vec<Value> {
     let dir = common::testdata("render");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("testdata/render")
@@ -237,32 +237,42 @@ fn render_parity_all_families() {
         .map(|e| e.path())
         .collect();
     files.sort();
+    files
+        .iter()
+        .flat_map(|file| {
+            let text = std::fs::read_to_string(file).expect("read golden");
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|line| serde_json::from_str(line).expect("golden json"))
+                .collect::<Vec<Value>>()
+        })
+        .collect()
+}
+
+#[test]
+fn render_parity_all_families() {
     let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
     let mut models: BTreeMap<String, Arc<Model>> = BTreeMap::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).expect("read golden");
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let case: Value = serde_json::from_str(line).expect("golden json");
-            let family = case["family"].as_str().unwrap_or("?").to_owned();
-            let model = case["tokenizer"].as_str().map(|t| {
-                models
-                    .entry(t.to_owned())
-                    .or_insert_with(|| Arc::new(load_model(t)))
-                    .clone()
-            });
-            let result = match case["kind"].as_str() {
-                Some("chat") => check_chat(&case, model.as_ref()),
-                Some("completion") => {
-                    check_completion(&case, model.as_ref().expect("completion needs a tokenizer"))
-                }
-                other => Err(format!("unknown kind {other:?}")),
-            };
-            let t = tallies.entry(family).or_default();
-            t.total += 1;
-            match result {
-                Ok(()) => t.pass += 1,
-                Err(e) => t.failures.push(e),
+    for case in golden_cases() {
+        let family = case["family"].as_str().unwrap_or("?").to_owned();
+        let model = case["tokenizer"].as_str().map(|t| {
+            models
+                .entry(t.to_owned())
+                .or_insert_with(|| Arc::new(load_model(t)))
+                .clone()
+        });
+        let result = match case["kind"].as_str() {
+            Some("chat") => check_chat(&case, model.as_ref()),
+            Some("completion") => {
+                check_completion(&case, model.as_ref().expect("completion needs a tokenizer"))
             }
+            other => Err(format!("unknown kind {other:?}")),
+        };
+        let t = tallies.entry(family).or_default();
+        t.total += 1;
+        match result {
+            Ok(()) => t.pass += 1,
+            Err(e) => t.failures.push(e),
         }
     }
     let mut all_ok = true;
@@ -282,59 +292,48 @@ fn render_parity_all_families() {
 /// the render path's speed, and a disagreement would hide behind the fallback).
 #[test]
 fn fast_encoder_matches_tokenizers_on_the_corpus() {
-    let dir = common::testdata("render");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("testdata/render")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .collect();
-    files.sort();
     let mut models: BTreeMap<String, Arc<Model>> = BTreeMap::new();
     let (mut checked, mut failures) = (0usize, Vec::new());
-    for file in files {
-        let text = std::fs::read_to_string(&file).expect("read golden");
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let case: Value = serde_json::from_str(line).expect("golden json");
-            let Some(tok_path) = case["tokenizer"].as_str() else {
-                continue;
-            };
-            let model = models
-                .entry(tok_path.to_owned())
-                .or_insert_with(|| Arc::new(load_model(tok_path)))
-                .clone();
-            let (prompt, add_special) = match case["kind"].as_str() {
-                Some("chat") => (
-                    case["prompt"].as_str(),
-                    case["request"]["add_special_tokens"]
-                        .as_bool()
-                        .unwrap_or(false),
-                ),
-                _ => (
-                    case["request"]["prompt"].as_str(),
-                    case["request"]["add_special_tokens"]
-                        .as_bool()
-                        .unwrap_or(true),
-                ),
-            };
-            let Some(prompt) = prompt else { continue };
-            let tok = &model.tokenizer;
-            let reference = tok
-                .encode_reference(prompt, add_special)
-                .expect("tokenizers encodes");
-            for pass in ["first", "cached"] {
-                let fast = tok.encode(prompt, add_special).expect("fast encodes");
-                if fast != reference {
-                    let at = fast.iter().zip(&reference).position(|(a, b)| a != b);
-                    failures.push(format!(
-                        "{} ({pass} encode): {} vs {} ids, first difference at {at:?}",
-                        case["id"],
-                        fast.len(),
-                        reference.len()
-                    ));
-                }
+    for case in golden_cases() {
+        let Some(tok_path) = case["tokenizer"].as_str() else {
+            continue;
+        };
+        let model = models
+            .entry(tok_path.to_owned())
+            .or_insert_with(|| Arc::new(load_model(tok_path)))
+            .clone();
+        let (prompt, add_special) = match case["kind"].as_str() {
+            Some("chat") => (
+                case["prompt"].as_str(),
+                case["request"]["add_special_tokens"]
+                    .as_bool()
+                    .unwrap_or(false),
+            ),
+            _ => (
+                case["request"]["prompt"].as_str(),
+                case["request"]["add_special_tokens"]
+                    .as_bool()
+                    .unwrap_or(true),
+            ),
+        };
+        let Some(prompt) = prompt else { continue };
+        let tok = &model.tokenizer;
+        let reference = tok
+            .encode_reference(prompt, add_special)
+            .expect("tokenizers encodes");
+        for pass in ["first", "cached"] {
+            let fast = tok.encode(prompt, add_special).expect("fast encodes");
+            if fast != reference {
+                let at = fast.iter().zip(&reference).position(|(a, b)| a != b);
+                failures.push(format!(
+                    "{} ({pass} encode): {} vs {} ids, first difference at {at:?}",
+                    case["id"],
+                    fast.len(),
+                    reference.len()
+                ));
             }
-            checked += 1;
         }
+        checked += 1;
     }
     for (path, model) in &models {
         if let aphro_core::tokenizer::EncoderBackend::Tokenizers { reason } =

@@ -106,6 +106,14 @@ impl FrontendOptions {
         options
             .default_chat_template_kwargs
             .extend(self.default_chat_template_kwargs.clone());
+        match model.tokenizer.encoder_backend() {
+            aphro_core::tokenizer::EncoderBackend::Fast => {
+                tracing::info!("tokenizer: encoding with fastokens (matched tokenizers at load)")
+            }
+            aphro_core::tokenizer::EncoderBackend::Tokenizers { reason } => {
+                tracing::warn!("tokenizer: encoding with tokenizers, not fastokens: {reason}")
+            }
+        }
         Ok(Renderer::new(model, options)?)
     }
 
