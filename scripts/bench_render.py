@@ -43,13 +43,19 @@ def run_model(spec, args, log_root):
         deadline = time.time() + 120
         for s in servers:
             s.wait_ready(deadline)
-        cmd = [str(args.harness), "--model", model, "--family", label.split(":")[-1],
-               "--target", f"vllm-rs=http://127.0.0.1:{pv}",
-               "--target", f"aphro=http://127.0.0.1:{pa}",
-               "--sizes", args.sizes, "--concurrency", args.concurrency,
-               "--duration", str(args.duration), "--tools", args.tools, "--modes", args.modes,
-               "--endpoints", args.endpoints]
-        out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+        common = [str(args.harness), "--model", model, "--family", label.split(":")[-1],
+                  "--sizes", args.sizes, "--concurrency", args.concurrency,
+                  "--duration", str(args.duration), "--tools", args.tools, "--modes", args.modes]
+        vllm, aphro = f"vllm-rs=http://127.0.0.1:{pv}", f"aphro=http://127.0.0.1:{pa}"
+        endpoints = args.endpoints.split(",")
+        runs = []
+        if "render" in endpoints:
+            runs.append(common + ["--target", vllm, "--target", aphro, "--endpoints", "render"])
+        if "tokenize" in endpoints:
+            # vllm-rs has no /tokenize: aphro alone, its ids checked against vllm-rs's render.
+            runs.append(common + ["--reference", vllm, "--target", aphro, "--endpoints", "tokenize"])
+        out = "".join(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+                      for cmd in runs)
         for s in servers:
             if s.proc.poll() is not None:
                 raise RuntimeError(f"{s.label} died:\n{s.log_tail()}")
@@ -72,15 +78,19 @@ def table(rows):
     for key in sorted(by_key, key=lambda k: (k[0], k[1], k[2], k[3] != "fresh-turn", k[4], k[5])):
         t = by_key[key]
         v, a = t.get("vllm-rs"), t.get("aphro")
-        if not (v and a):
+        if not a:
             continue
-        ratio = a["req_per_s"] / v["req_per_s"] if v["req_per_s"] else float("nan")
         fam, endpoint, tools, mode, _, c = key
+        if v:
+            ratio = f"{a['req_per_s'] / v['req_per_s']:.2f}" if v["req_per_s"] else "n/a"
+            peer = (f"{v['req_per_s']:.0f}", f"{v['p50_ms']:.2f} / {v['p99_ms']:.2f}")
+        else:
+            ratio, peer = "(no such route)", ("—", "—")
         lines.append(
             f"| {TEMPLATE_NAMES.get(fam, fam)} | {endpoint} | {'8' if tools else '0'} | {mode} "
             f"| {a['tokens']} | {c} "
-            f"| {v['req_per_s']:.0f} | {a['req_per_s']:.0f} | {ratio:.2f} "
-            f"| {v['p50_ms']:.2f} / {v['p99_ms']:.2f} | {a['p50_ms']:.2f} / {a['p99_ms']:.2f} "
+            f"| {peer[0]} | {a['req_per_s']:.0f} | {ratio} "
+            f"| {peer[1]} | {a['p50_ms']:.2f} / {a['p99_ms']:.2f} "
             f"| {'yes' if a['ids_equal'] else 'NO'} |")
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@
 //!     --target aphro=http://127.0.0.1:8001 --target vllm-rs=http://127.0.0.1:8002 \
 //!     --model MODEL_NAME --family qwen3 [--sizes 2000,9000] [--concurrency 1,8,64] \
 //!     [--duration 3] [--tools both|yes|no] [--modes fresh-turn,distinct] \
-//!     [--endpoints render,tokenize]
+//!     [--endpoints render,tokenize] [--reference NAME=URL]
 //! ```
 //!
 //! Every request is new to the servers: the body has a nonce (a counter) either in the last
@@ -33,6 +33,9 @@ const ID_CHECKS: u64 = 4;
 
 struct Options {
     targets: Vec<(String, String)>,
+    /// A server whose chat render ids every target's answers are checked against, without
+    /// measuring it (for a route the peer does not have, e.g. vllm-rs has no `/tokenize`).
+    reference: Option<(String, String)>,
     model: String,
     family: String,
     sizes: Vec<usize>,
@@ -106,6 +109,7 @@ where
 fn options() -> anyhow::Result<Options> {
     let mut o = Options {
         targets: vec![],
+        reference: None,
         model: String::new(),
         family: "generic".into(),
         sizes: vec![2000, 9000],
@@ -124,6 +128,11 @@ fn options() -> anyhow::Result<Options> {
                 let (name, url) = v.split_once('=').context("--target NAME=URL")?;
                 o.targets
                     .push((name.to_owned(), url.trim_end_matches('/').to_owned()));
+            }
+            "--reference" => {
+                let v = val()?;
+                let (name, url) = v.split_once('=').context("--reference NAME=URL")?;
+                o.reference = Some((name.to_owned(), url.trim_end_matches('/').to_owned()));
             }
             "--model" => o.model = val()?,
             "--family" => o.family = val()?,
@@ -427,19 +436,26 @@ fn main() -> anyhow::Result<()> {
                     let key = endpoint.ids_key();
                     let mut tokens = 0;
                     let mut ids_equal = true;
+                    // The reference: `--reference`'s render ids, else the first target's
+                    // answer on this route.
+                    let (ref_name, ref_url, ref_endpoint, checked) = match &o.reference {
+                        Some((name, url)) => (name, url, Endpoint::Render, &o.targets[..]),
+                        None => (&o.targets[0].0, &o.targets[0].1, endpoint, &o.targets[1..]),
+                    };
                     for _ in 0..ID_CHECKS {
                         let body = instantiate(&template, nonce.fetch_add(1, Ordering::Relaxed));
-                        let reference =
-                            token_ids(&post(&agent, &endpoint.url(&o.targets[0].1), &body)?, key)?;
+                        let reference = token_ids(
+                            &post(&agent, &ref_endpoint.url(ref_url), &body)?,
+                            ref_endpoint.ids_key(),
+                        )?;
                         tokens = reference.len();
-                        for (name, url) in &o.targets[1..] {
+                        for (name, url) in checked {
                             let ids = token_ids(&post(&agent, &endpoint.url(url), &body)?, key)?;
                             if ids != reference {
                                 ids_equal = false;
                                 let at = ids.iter().zip(&reference).position(|(a, b)| a != b);
                                 eprintln!(
-                                    "{name}: {key} differ from {} ({} vs {} ids, first difference at {at:?})",
-                                    o.targets[0].0,
+                                    "{name}: {key} differ from {ref_name}'s ({} vs {} ids, first difference at {at:?})",
                                     ids.len(),
                                     reference.len()
                                 );
