@@ -135,6 +135,8 @@ type Offsets = Vec<(usize, usize)>;
 impl Renderer {
     /// Compiles the template once; errors in it surface here, not per request.
     pub fn new(model: Arc<Model>, options: RenderOptions) -> Result<Self> {
+        // Build the fast encoder now, not on the first request.
+        model.tokenizer.encoder_backend();
         let source = options
             .chat_template
             .clone()

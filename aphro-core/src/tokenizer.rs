@@ -7,7 +7,7 @@
 //! several scripts); a difference turns the fast encoder off for that tokenizer. Decoding,
 //! offsets and the vocabulary always come from `tokenizers`.
 use crate::error::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Token ids with the character span each covers.
 pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
@@ -28,19 +28,25 @@ pub enum EncoderBackend {
     Tokenizers { reason: String },
 }
 
+/// The fast encoder, or why there is none.
+type FastEncoder = (Option<Arc<fastokens::Tokenizer>>, EncoderBackend);
+
 /// A loaded tokenizer. Cheap to share behind an `Arc`; encode/decode take `&self`.
+///
+/// The fast encoder is built on first use (the first encode, or
+/// [`Self::encoder_backend`], which the `Renderer` calls when it is built): a role that only
+/// decodes (derender, generate) never pays for its tables. Clones share it.
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    fast: Option<Arc<fastokens::Tokenizer>>,
-    backend: EncoderBackend,
+    fast: Arc<OnceLock<FastEncoder>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
             .field("vocab_size", &self.vocab_size())
-            .field("encoder", &self.backend)
+            .field("encoder", &self.fast.get().map(|(_, b)| b))
             .finish_non_exhaustive()
     }
 }
@@ -66,15 +72,17 @@ fn probe_text(inner: &tokenizers::Tokenizer) -> String {
     text
 }
 
-/// `fastokens` from the same `tokenizer.json`, if it loads and agrees on the probe.
-fn fast_encoder(
-    inner: &tokenizers::Tokenizer,
-    json: &str,
-) -> (Option<Arc<fastokens::Tokenizer>>, EncoderBackend) {
+/// `fastokens` from `tokenizers`' own serialization of the tokenizer, if it loads and agrees
+/// on the probe.
+fn fast_encoder(inner: &tokenizers::Tokenizer) -> FastEncoder {
     let fallback = |reason: String| (None, EncoderBackend::Tokenizers { reason });
-    let value: serde_json::Value = match serde_json::from_str(json) {
+    let value: serde_json::Value = match inner
+        .to_string(false)
+        .map_err(|e| e.to_string())
+        .and_then(|json| serde_json::from_str(&json).map_err(|e| e.to_string()))
+    {
         Ok(v) => v,
-        Err(e) => return fallback(format!("tokenizer.json does not parse as JSON: {e}")),
+        Err(e) => return fallback(format!("the tokenizer does not serialize: {e}")),
     };
     let mut fast = match fastokens::Tokenizer::from_json(value) {
         Ok(f) => f,
@@ -108,60 +116,50 @@ fn fast_encoder(
 impl Tokenizer {
     /// Wraps a `tokenizers` object; the fast encoder is built from its serialization.
     pub fn from_hf(inner: tokenizers::Tokenizer) -> Self {
-        let (fast, backend) = match inner.to_string(false) {
-            Ok(json) => fast_encoder(&inner, &json),
-            Err(e) => (
-                None,
-                EncoderBackend::Tokenizers {
-                    reason: format!("the tokenizer does not serialize: {e}"),
-                },
-            ),
-        };
         Self {
             inner,
-            fast,
-            backend,
+            fast: Arc::new(OnceLock::new()),
         }
     }
 
     /// Loads a `tokenizer.json`.
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
-        let json = std::fs::read_to_string(path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        Self::from_json_str(&json).map_err(|e| match e {
-            Error::Tokenizer(m) => Error::Tokenizer(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        tokenizers::Tokenizer::from_file(path)
+            .map(Self::from_hf)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
     }
 
     /// Parses `tokenizer.json` text.
     pub fn from_json_str(json: &str) -> Result<Self> {
-        let inner = json
-            .parse::<tokenizers::Tokenizer>()
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        let (fast, backend) = fast_encoder(&inner, json);
-        Ok(Self {
-            inner,
-            fast,
-            backend,
-        })
+        json.parse::<tokenizers::Tokenizer>()
+            .map(Self::from_hf)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
     /// The same tokenizer with `tokenizers` as the encoder (for comparisons, or to rule the
     /// fast encoder out).
     pub fn without_fast_encoder(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            fast: None,
-            backend: EncoderBackend::Tokenizers {
+        let off = OnceLock::new();
+        let _ = off.set((
+            None,
+            EncoderBackend::Tokenizers {
                 reason: "turned off".into(),
             },
+        ));
+        Self {
+            inner: self.inner.clone(),
+            fast: Arc::new(off),
         }
     }
 
-    /// Which encoder [`Self::encode`] runs, and why not the fast one.
+    fn fast(&self) -> &FastEncoder {
+        self.fast.get_or_init(|| fast_encoder(&self.inner))
+    }
+
+    /// Which encoder [`Self::encode`] runs, and why not the fast one (builds the fast one if
+    /// it is not built yet).
     pub fn encoder_backend(&self) -> &EncoderBackend {
-        &self.backend
+        &self.fast().1
     }
 
     /// `tokenizers`' encoding, whatever [`Self::encode`] uses: the reference the fast
@@ -181,7 +179,7 @@ impl Tokenizer {
     /// Encodes like `tokenizer(text, add_special_tokens=…)`: special-token strings in `text`
     /// become their ids, as the reference does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        match &self.fast {
+        match &self.fast().0 {
             Some(fast) => fast
                 .encode_with_special_tokens(text, add_special_tokens)
                 .map_err(|e| Error::Tokenizer(e.to_string())),
