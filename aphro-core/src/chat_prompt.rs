@@ -35,6 +35,8 @@ const RESERVED_KWARGS: [&str; 8] = [
 #[derive(Debug, Clone)]
 pub struct RenderedChat {
     pub prompt: String,
+    /// The normalized tools the template saw (`parse_context.tools` reuses them), or `None`.
+    pub tools: Option<Vec<Value>>,
     /// Request kwargs kept after filtering to names the template references.
     pub chat_template_kwargs: Map<String, Value>,
     /// The exact template variables, as the template engine holds them.
@@ -304,11 +306,13 @@ impl ChatPrompter {
             .collect::<Result<Vec<Jv>>>()?;
         let last_message = messages.last().cloned();
         let messages = Jv::from(messages);
-        let tools = req.tools.as_ref().map_or(Jv::from(()), |t| {
-            t.iter()
-                .map(|t| Jv::from_serialize(normalize_tool(t)))
-                .collect()
-        });
+        let tools: Option<Vec<Value>> = req
+            .tools
+            .as_ref()
+            .map(|t| t.iter().map(normalize_tool).collect());
+        let tools_jv = tools
+            .as_ref()
+            .map_or(Jv::from(()), |t| t.iter().map(Jv::from_serialize).collect());
         let documents = req
             .documents
             .as_ref()
@@ -320,7 +324,7 @@ impl ChatPrompter {
         let mut ctx: Vec<(Jv, Jv)> =
             Vec::with_capacity(4 + self.special_tokens.len() + kwargs.len());
         ctx.push((Jv::from("messages"), messages));
-        ctx.push((Jv::from("tools"), tools));
+        ctx.push((Jv::from("tools"), tools_jv));
         ctx.push((Jv::from("documents"), documents));
         ctx.push((
             Jv::from("add_generation_prompt"),
@@ -350,6 +354,7 @@ impl ChatPrompter {
         }
         Ok(RenderedChat {
             prompt,
+            tools,
             chat_template_kwargs: kwargs,
             context,
         })

@@ -1,5 +1,5 @@
 //! The Renderer: OpenAI chat/completion request → `GenerateRequest` (`api.md` §3, §5, §10).
-use crate::chat_prompt::{normalize_tool, ChatPrompter, RenderedChat, ToolArguments};
+use crate::chat_prompt::{ChatPrompter, RenderedChat, ToolArguments};
 use crate::content_parts::{ContentCapabilities, Modality};
 use crate::error::{Error, Result};
 use crate::model::{GenerationDefaults, Model, DEFAULT_MAX_MODEL_LEN};
@@ -357,7 +357,7 @@ impl Renderer {
             .check_tools(req.tools.as_ref().map_or(0, Vec::len))?;
         self.check_chat_chars(&req.messages)?;
         self.check_tool_parsing(req)?;
-        let rendered = self.render_chat_prompt(req)?;
+        let mut rendered = self.render_chat_prompt(req)?;
         let (mut ids, offsets) = self.encode_checked(
             &rendered.prompt,
             req.add_special_tokens,
@@ -426,10 +426,8 @@ impl Renderer {
             .map(|m| m.tool_calls.as_ref().map_or(0, Vec::len) as u64)
             .sum();
         let parse_context = ParseContext {
-            tools: req
-                .tools
-                .as_ref()
-                .map(|t| t.iter().map(normalize_tool).collect()),
+            // Normalized once, for the template.
+            tools: rendered.tools.take(),
             tool_choice: Some(tool_choice),
             parallel_tool_calls: Some(req.parallel_tool_calls.unwrap_or(true)),
             include_reasoning: req.include_reasoning,

@@ -1,11 +1,11 @@
 //! The text ↔ token-id boundary: HF `tokenizers` with crate errors, and `fastokens` as the
 //! encoder where it gives the same ids.
 //!
-//! `fastokens` is built from the very `tokenizer.json` text `tokenizers` is (never from a
-//! hub download, nor with the `tokenizer_config.json` additions its own loader merges), and
-//! on load both encode a probe (every added token in context, whitespace runs, digits,
-//! several scripts); a difference turns the fast encoder off for that tokenizer. Decoding,
-//! offsets and the vocabulary always come from `tokenizers`.
+//! `fastokens` is built from `tokenizers`' own serialization of the loaded tokenizer (never
+//! from a hub download, nor with the `tokenizer_config.json` additions its own loader
+//! merges), and when it is built both encode a probe (every added token in context,
+//! whitespace runs, digits, several scripts); a difference turns the fast encoder off for
+//! that tokenizer. Decoding, offsets and the vocabulary always come from `tokenizers`.
 use crate::error::{Error, Result};
 use std::sync::{Arc, OnceLock};
 
@@ -21,7 +21,7 @@ pub const DEFAULT_SEGMENT_CACHE_BYTES: usize = 64 << 20;
 /// Which encoder [`Tokenizer::encode`] runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EncoderBackend {
-    /// `fastokens`, which agreed with `tokenizers` on the load-time probe.
+    /// `fastokens`, which agreed with `tokenizers` on the probe when it was built.
     Fast,
     /// HF `tokenizers`, because `fastokens` could not load this tokenizer or disagreed on the
     /// probe (the reason).
@@ -134,22 +134,6 @@ impl Tokenizer {
         json.parse::<tokenizers::Tokenizer>()
             .map(Self::from_hf)
             .map_err(|e| Error::Tokenizer(e.to_string()))
-    }
-
-    /// The same tokenizer with `tokenizers` as the encoder (for comparisons, or to rule the
-    /// fast encoder out).
-    pub fn without_fast_encoder(&self) -> Self {
-        let off = OnceLock::new();
-        let _ = off.set((
-            None,
-            EncoderBackend::Tokenizers {
-                reason: "turned off".into(),
-            },
-        ));
-        Self {
-            inner: self.inner.clone(),
-            fast: Arc::new(off),
-        }
     }
 
     fn fast(&self) -> &FastEncoder {
