@@ -362,6 +362,34 @@ mod tests {
     use axum::http::{Request as HttpRequest, StatusCode};
     use tower::ServiceExt;
 
+    /// A small sized body runs on the calling worker; an unsized or large one on another
+    /// (blocking-pool) thread; a panic inline is a 500, not a dropped connection.
+    #[tokio::test]
+    async fn cpu_gate_runs_small_bodies_inline_and_large_ones_on_the_pool() {
+        let gate = CpuGate::per_core();
+        let here = std::thread::current().id();
+        let on_thread = |len| {
+            let gate = &gate;
+            async move {
+                gate.run(len, || {
+                    Ok::<_, crate::error::ApiError>(std::thread::current().id())
+                })
+                .await
+                .expect("runs")
+            }
+        };
+        assert_eq!(on_thread(Some(1024)).await, here);
+        assert_ne!(on_thread(None).await, here);
+        assert_ne!(on_thread(Some(INLINE_BODY_LIMIT + 1)).await, here);
+        let panicked = gate
+            .run(Some(10), || -> Result<(), crate::error::ApiError> {
+                panic!("boom")
+            })
+            .await
+            .expect_err("a panic is an error");
+        assert_eq!(panicked.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
     fn state(keys: Vec<String>) -> AppState {
         AppState::new(ServerSettings {
             role: Role::Render,
