@@ -3,6 +3,7 @@
 //! Entry points: [`model::Model::load`] (dir, `.gguf` or hub id), [`renderer::Renderer`]
 //! (`render_chat`, `render_completion`, `tokenize`, `detokenize`), [`error::Error::to_envelope`],
 //! [`detokenizer::IncrementalDetokenizer`], [`default_model::ensure_default_model`].
+pub mod anthropic;
 pub mod bench_support;
 pub mod chat_prompt;
 pub mod content_parts;
@@ -13,6 +14,7 @@ pub mod error;
 pub mod gguf;
 pub mod gguf_tokenizer;
 pub mod http_client;
+pub mod kobold;
 pub mod limits;
 pub mod model;
 pub mod protocol;

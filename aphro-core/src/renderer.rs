@@ -191,6 +191,13 @@ impl Renderer {
         &self.model.tokenizer
     }
 
+    /// Whether the chat template reads the variable `name` (false without a template).
+    pub fn chat_template_reads(&self, name: &str) -> bool {
+        self.prompter
+            .as_ref()
+            .is_some_and(|p| p.template().reads_variable(name))
+    }
+
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
     }
