@@ -5,7 +5,9 @@ pub mod model;
 pub mod runner;
 
 pub mod engine;
+pub mod kobold;
 pub mod kv;
+pub mod messages;
 pub mod metrics;
 pub mod openai;
 pub mod request;

@@ -331,6 +331,12 @@ impl Drop for InFlightEntry {
     }
 }
 
+/// The id [`ServingEngine::abort`] knows a request by: `generate-tokens-<request_id>`
+/// (`api.md` §4.4), for the request's own (or its `X-Request-Id`) id.
+pub fn wire_request_id(request_id: &str) -> String {
+    format!("generate-tokens-{request_id}")
+}
+
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -666,7 +672,7 @@ impl ServingEngine {
             }));
         }
         let base = x_request_id.unwrap_or(&req.request_id);
-        let request_id = format!("generate-tokens-{base}");
+        let request_id = wire_request_id(base);
         // The engine's own id is unique even when two clients send the same one.
         let serial = self
             .next_serial
