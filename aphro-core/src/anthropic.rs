@@ -1002,8 +1002,10 @@ mod tests {
         assert_eq!(c["max_completion_tokens"], 16);
         assert_eq!(c["stop"], json!(["\n\n"]));
         assert_eq!(c["top_k"], 5);
-        let effort = chat(json!({"model": "m", "max_tokens": 2, "output_config": {"effort": "high"},
-                            "messages": [{"role": "user", "content": "q"}]}));
+        let effort = chat(
+            json!({"model": "m", "max_tokens": 2, "output_config": {"effort": "high"},
+                            "messages": [{"role": "user", "content": "q"}]}),
+        );
         assert_eq!(effort["reasoning_effort"], "high");
         assert_eq!(c["tool_choice"], "auto");
         assert_eq!(

@@ -1,8 +1,12 @@
 //! `--api-key` / `VLLM_API_KEY` enforcement (`api.md` §1.4).
 //!
-//! Only the OpenAI-style prefixes are guarded; `/health`, `/metrics`, `/tokenize`,
-//! `/detokenize`, `/version` and the legacy `/abort_requests` stay open, exactly as vLLM does,
-//! so existing routers and probes keep working when a key is set.
+//! Only the API prefixes are guarded; `/health`, `/metrics`, `/tokenize`, `/detokenize`,
+//! `/version` and the legacy `/abort_requests` stay open, exactly as vLLM does, so existing
+//! routers and probes keep working when a key is set. Two departures from vLLM, both so real
+//! clients work: the key is accepted as `x-api-key` too (what Anthropic's SDKs send), and
+//! the Kobold routes (`/api/...`) are guarded as well (vLLM has none; Aphrodite leaves them
+//! open, KoboldCpp guards them with its password). `/v1/messages` answers a 401 in
+//! Anthropic's error shape.
 use crate::error::unauthorized;
 use axum::extract::{Request, State};
 use axum::http::{header, Method};
@@ -10,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use std::sync::Arc;
 
-const GUARDED_PREFIXES: [&str; 4] = ["/v1", "/v2", "/inference", "/cohere"];
+const GUARDED_PREFIXES: [&str; 5] = ["/v1", "/v2", "/inference", "/cohere", "/api"];
 
 #[derive(Debug, Clone, Default)]
 pub struct ApiKeys(pub Arc<Vec<String>>);
@@ -63,15 +67,25 @@ pub async fn require_api_key(State(keys): State<ApiKeys>, req: Request, next: Ne
     if !keys.is_enabled() || req.method() == Method::OPTIONS || !is_guarded(req.uri().path()) {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
+    let headers = req.headers();
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
-    match presented {
-        Some(token) if keys.accepts(token) => next.run(req).await,
-        _ => unauthorized(),
+    let x_api_key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    if bearer.into_iter().chain(x_api_key).any(|k| keys.accepts(k)) {
+        return next.run(req).await;
     }
+    if req.uri().path().starts_with("/v1/messages") {
+        return crate::error::json_response(
+            axum::http::StatusCode::UNAUTHORIZED,
+            &aphro_core::anthropic::error_body(401, "invalid x-api-key"),
+        );
+    }
+    unauthorized()
 }
 
 #[cfg(test)]
@@ -86,6 +100,8 @@ mod tests {
         assert!(!is_guarded("/health"));
         assert!(!is_guarded("/abort_requests"));
         assert!(!is_guarded("/tokenize"));
+        assert!(is_guarded("/api/v1/generate"));
+        assert!(!is_guarded("/apis"));
     }
 
     #[test]

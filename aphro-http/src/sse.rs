@@ -1,7 +1,8 @@
 //! Server-sent events exactly as vLLM frames them (`api.md` §1.7): every event is
 //! `data: <one-line JSON>\n\n`, no `event:`/`id:` lines, and the stream always ends with
 //! `data: [DONE]\n\n` — also after an in-stream error, which is sent as one more event
-//! carrying the error envelope while the HTTP status stays 200.
+//! carrying the error envelope while the HTTP status stays 200. The Anthropic and Kobold
+//! streams name their events instead ([`named_event_response`]).
 use crate::error::ApiError;
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -59,6 +60,47 @@ where
     resp
 }
 
+/// One named event: `event: <name>\ndata: <one-line JSON>\n\n`.
+pub fn named_event_bytes(name: &str, value: &Value) -> Bytes {
+    let mut out = format!("event: {name}\ndata: ").into_bytes();
+    out.extend(serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec()));
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// Named events as Anthropic's Messages stream and the Kobold stream frame them: no
+/// `[DONE]` (the stream just ends); the first error ends it after an `event: error` whose
+/// data is `on_error`'s body for it.
+pub fn named_event_response<S, F>(events: S, on_error: F) -> Response
+where
+    S: Stream<Item = Result<(&'static str, Value), ApiError>> + Send + 'static,
+    F: Fn(&ApiError) -> Value + Send + 'static,
+{
+    let framed = events
+        .scan(false, move |errored, item| {
+            if *errored {
+                return futures::future::ready(None);
+            }
+            let bytes = match item {
+                Ok((name, v)) => named_event_bytes(name, &v),
+                Err(e) => {
+                    *errored = true;
+                    named_event_bytes("error", &on_error(&e))
+                }
+            };
+            futures::future::ready(Some(bytes))
+        })
+        .map(Ok::<_, Infallible>);
+    let mut resp = (StatusCode::OK, Body::from_stream(framed)).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +120,23 @@ mod tests {
         assert_eq!(
             text,
             "data: {\"a\":1}\n\ndata: {\"error\":{\"message\":\"boom\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn names_events_and_ends_after_an_error_without_done() {
+        let events = futures::stream::iter(vec![
+            Ok(("ping", json!({"type": "ping"}))),
+            Err(ApiError::internal("boom")),
+            Ok(("never", json!({}))),
+        ]);
+        let resp = named_event_response(events, |e| json!({"message": e.message}));
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        assert_eq!(
+            String::from_utf8(body.to_vec()).expect("utf-8"),
+            "event: ping\ndata: {\"type\":\"ping\"}\n\nevent: error\ndata: {\"message\":\"boom\"}\n\n"
         );
     }
 }

@@ -54,6 +54,7 @@ fn settings(role: Role) -> ServerSettings {
         body_read_timeout: Duration::from_secs(5),
         enable_scale_out: true,
         skip_tokenizer_init: false,
+        launch_kobold_api: false,
     }
 }
 

@@ -67,6 +67,7 @@ impl Doc {
     /// The document's path for a concrete one: itself, or the template whose `{param}`
     /// segments it fills (`/v1/models/smol` → `/v1/models/{model}`).
     fn template_of(&self, path: &str) -> String {
+        let path = path.split('?').next().unwrap_or(path);
         let paths = self.doc["paths"].as_object();
         if paths.is_some_and(|p| p.contains_key(path)) {
             return path.to_owned();
@@ -265,8 +266,17 @@ impl Api<'_> {
                 .lines()
                 .filter_map(|l| l.strip_prefix("data: "))
                 .collect();
-            assert_eq!(data.last().copied(), Some("[DONE]"), "{what}: {text}");
-            let events: Vec<Value> = data[..data.len() - 1].iter().map(|d| json(d)).collect();
+            // Named-event streams (Anthropic, Kobold) end without `[DONE]`; vLLM's always
+            // end with it.
+            let named = text.lines().any(|l| l.starts_with("event: "));
+            let data = if named {
+                assert!(!data.contains(&"[DONE]"), "{what}: {text}");
+                &data[..]
+            } else {
+                assert_eq!(data.last().copied(), Some("[DONE]"), "{what}: {text}");
+                &data[..data.len() - 1]
+            };
+            let events: Vec<Value> = data.iter().map(|d| json(d)).collect();
             assert!(!events.is_empty(), "{what}: no events");
             for (i, ev) in events.iter().enumerate() {
                 self.doc
@@ -377,12 +387,15 @@ fn integrated_server_matches_its_document() {
         "--served-model-name",
         "smol",
         "--enable-scale-out",
+        "--launch-kobold-api",
     ];
     args.extend(ENGINE_FLAGS);
     let s = Server::start(&args);
     let doc = Doc::fetch(&s);
     let api = Api::new(&s, &doc);
     common_routes(&api, "smol");
+    anthropic_routes(&api, &doc);
+    kobold_routes(&api, &doc);
 
     // Chat, non-streaming with logprobs and a stop list.
     let chat_req = chat(json!({"logprobs": true, "top_logprobs": 2, "stop": ["\n\n"]}));
@@ -597,6 +610,108 @@ fn integrated_server_matches_its_document() {
     doc.assert_all_called();
 }
 
+/// `/v1/messages` (JSON and SSE) and `count_tokens`, with Anthropic-shaped errors.
+fn anthropic_routes(api: &Api<'_>, doc: &Doc) {
+    let body = json!({"model": "smol", "max_tokens": 4, "temperature": 0,
+        "system": [{"type": "text", "text": "Be terse."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}]});
+    let m = api.post("/v1/messages", &body).body;
+    assert_eq!(
+        (m["type"].as_str(), m["role"].as_str()),
+        (Some("message"), Some("assistant"))
+    );
+    let schema = doc
+        .response_schema("post", "/v1/messages", 200, "application/json")
+        .unwrap_or_default();
+    doc.assert_rejects_corrupted("message", &schema, &m, "/usage/input_tokens", json!("9"));
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = api.post("/v1/messages", &streamed).events;
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"message_start"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"message_stop"), "{kinds:?}");
+    let n = api
+        .post(
+            "/v1/messages/count_tokens",
+            &json!({"model": "smol", "messages": body["messages"]}),
+        )
+        .body;
+    assert!(n["input_tokens"].as_u64().is_some_and(|n| n > 0), "{n}");
+    api.post_refused(
+        "/v1/messages",
+        &json!({"model": "smol", "messages": [{"role": "user", "content": "q"}]}),
+        400,
+        true,
+    );
+    api.post_refused(
+        "/v1/messages",
+        &json!({"model": "smol", "max_tokens": 2, "messages": []}),
+        400,
+        false,
+    );
+    api.post_refused(
+        "/v1/messages/count_tokens",
+        &json!({"model": "nope", "messages": [{"role": "user", "content": "q"}]}),
+        404,
+        false,
+    );
+}
+
+/// Every Kobold route of `--launch-kobold-api`.
+fn kobold_routes(api: &Api<'_>, doc: &Doc) {
+    let gen = json!({"prompt": "Once upon a time", "max_context_length": 64, "max_length": 4,
+                     "temperature": 0});
+    for path in ["/api/v1/generate", "/api/latest/generate"] {
+        let r = api.post(path, &gen).body;
+        assert!(r["results"][0]["text"].is_string(), "{r}");
+    }
+    let events = api.post("/api/extra/generate/stream", &gen).events;
+    assert!(!events.is_empty() && events.iter().all(|e| e["token"].is_string()));
+    let check = api
+        .post("/api/extra/generate/check", &json!({"genkey": "none"}))
+        .body;
+    assert_eq!(check, json!({"results": [{"text": ""}]}));
+    assert_eq!(api.get("/api/extra/generate/check?genkey=none").body, check);
+    assert_eq!(
+        api.post("/api/extra/abort", &json!({"genkey": "none"}))
+            .body,
+        json!({"success": false})
+    );
+    let n = api
+        .post(
+            "/api/extra/tokencount",
+            &json!({"prompt": "Once upon a time"}),
+        )
+        .body;
+    assert!(n["value"].as_u64().is_some_and(|n| n > 0), "{n}");
+    for v in ["v1", "latest"] {
+        for p in [
+            "info/version",
+            "model",
+            "config/max_length",
+            "config/max_context_length",
+            "config/soft_prompts_list",
+            "config/soft_prompt",
+        ] {
+            assert_eq!(api.get(&format!("/api/{v}/{p}")).status, 200);
+        }
+    }
+    assert_eq!(
+        api.get("/api/v1/model").body,
+        json!({"result": "aphro/smol"})
+    );
+    assert_eq!(api.get("/api/extra/true_max_context_length").status, 200);
+    assert_eq!(api.get("/api/extra/version").body["result"], "KoboldCpp");
+    api.post_refused("/api/v1/generate", &json!({"prompt": 5}), 400, true);
+    api.post_refused(
+        "/api/v1/generate",
+        &json!({"prompt": "p", "max_context_length": 8, "max_length": 4, "top_a": 0.5}),
+        400,
+        false,
+    );
+    let _ = doc;
+}
+
 const MODEL_OUTPUT: &str = "<think>Need weather</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>";
 
 /// `aphro launch render` with tool and reasoning parsers: tool calls and reasoning in the
@@ -730,6 +845,19 @@ fn render_server_matches_its_document() {
     api.post_refused("/detokenize", &json!({"tokens": [-1]}), 400, true);
     api.post_refused(
         "/v1/chat/completions/render",
+        &json!({"model": "qwen3"}),
+        400,
+        true,
+    );
+    // count_tokens needs only the renderer: the render role serves it, tools included.
+    let plain = json!({"model": "qwen3", "messages": [{"role": "user", "content": "Weather?"}]});
+    let mut with_tools = plain.clone();
+    with_tools["tools"] = json!([{"name": "get_weather", "input_schema": {"properties": {}}}]);
+    let a = api.post("/v1/messages/count_tokens", &plain).body["input_tokens"].as_u64();
+    let b = api.post("/v1/messages/count_tokens", &with_tools).body["input_tokens"].as_u64();
+    assert!(a.is_some() && b > a, "{a:?} {b:?}");
+    api.post_refused(
+        "/v1/messages/count_tokens",
         &json!({"model": "qwen3"}),
         400,
         true,

@@ -22,6 +22,10 @@ pub struct Args {
     /// render, tokenize) answer 400 and stop strings are refused.
     #[arg(long)]
     pub skip_tokenizer_init: bool,
+    /// Also serve the KoboldAI API (`/api/v1/generate`, `/api/extra/generate/stream`, ...),
+    /// as Aphrodite does; behind `--api-key` like the `/v1` routes.
+    #[arg(long)]
+    pub launch_kobold_api: bool,
     #[command(flatten)]
     pub server: ServerArgs,
     #[command(flatten)]
@@ -61,6 +65,7 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
         .dtype(args.engine.effective_dtype().into())
         .enable_scale_out(args.enable_scale_out)
         .skip_tokenizer_init(args.skip_tokenizer_init)
+        .launch_kobold_api(args.launch_kobold_api)
         .build()?;
     Ok(server.into_state())
 }

@@ -185,6 +185,7 @@ pub struct ServerBuilder {
     body_read_timeout: Duration,
     enable_scale_out: bool,
     skip_tokenizer_init: bool,
+    launch_kobold_api: bool,
     base_path: Option<String>,
     docs: bool,
 }
@@ -205,6 +206,7 @@ impl Default for ServerBuilder {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             enable_scale_out: false,
             skip_tokenizer_init: false,
+            launch_kobold_api: false,
             base_path: None,
             docs: true,
         }
@@ -287,6 +289,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Also serve the KoboldAI API (`/api/v1/generate`, ...; `--launch-kobold-api`). Only the
+    /// integrated server with a tokenizer can.
+    pub fn launch_kobold_api(mut self, on: bool) -> Self {
+        self.launch_kobold_api = on;
+        self
+    }
+
     /// No tokenizer: token-in/token-out only (`--skip-tokenizer-init`).
     pub fn skip_tokenizer_init(mut self, on: bool) -> Self {
         self.skip_tokenizer_init = on;
@@ -336,7 +345,14 @@ impl ServerBuilder {
             body_read_timeout: self.body_read_timeout,
             enable_scale_out: self.enable_scale_out,
             skip_tokenizer_init: self.skip_tokenizer_init,
+            launch_kobold_api: self.launch_kobold_api,
         };
+        if self.launch_kobold_api && (self.role != Role::Full || self.skip_tokenizer_init) {
+            anyhow::bail!(
+                "--launch-kobold-api needs the integrated server with a tokenizer \
+                 (not --tokens-only, --skip-tokenizer-init or the render role)"
+            );
+        }
         let state = match self.role {
             Role::Render if self.skip_tokenizer_init => {
                 anyhow::bail!("the render role needs the tokenizer: skip_tokenizer_init is for the engine roles")
@@ -385,6 +401,9 @@ impl ServerBuilder {
                     state = state
                         .with_renderer(Arc::new(renderer))
                         .with_derenderer(Arc::new(derenderer));
+                    if self.launch_kobold_api {
+                        state = state.with_kobold();
+                    }
                 }
                 state
             }

@@ -10,9 +10,11 @@
 //! axum::serve(listener, app).await.unwrap();
 //! # }
 //! ```
+pub mod anthropic;
 pub mod builder;
 mod common;
 pub mod engine;
+pub mod kobold;
 pub mod openai;
 pub mod openapi;
 pub mod render;
@@ -61,6 +63,8 @@ pub struct ServerSettings {
     pub enable_scale_out: bool,
     /// `--skip-tokenizer-init`: no renderer or derenderer; text routes answer 400.
     pub skip_tokenizer_init: bool,
+    /// `--launch-kobold-api`: the integrated server also mounts the Kobold routes (`/api/...`).
+    pub launch_kobold_api: bool,
 }
 
 /// Engine liveness, shared between the step loop's error path and `/health`.
@@ -96,6 +100,8 @@ pub struct AppState {
     pub engine: Option<Arc<aphro_engine::serving::ServingEngine>>,
     /// Admits CPU-bound request work (render, tokenize, derender) a core's worth at a time.
     pub cpu: Arc<CpuGate>,
+    /// The Kobold routes' running generations (with `--launch-kobold-api`).
+    pub kobold: Option<Arc<aphro_engine::kobold::KoboldServing>>,
 }
 
 /// Runs CPU-bound request work (render, tokenize, derender) at most one job per core at a
@@ -187,6 +193,17 @@ impl AppState {
         self
     }
 
+    /// Serves the Kobold routes over this state's renderer, derenderer and engine (the
+    /// router mounts them when `settings.launch_kobold_api` is set). A no-op on a role
+    /// without all three.
+    pub fn with_kobold(mut self) -> Self {
+        if let (Some(r), Some(d), Some(e)) = (&self.renderer, &self.derenderer, &self.engine) {
+            let serving = aphro_engine::openai::OpenAiServing::new(r.clone(), d.clone(), e.clone());
+            self.kobold = Some(Arc::new(aphro_engine::kobold::KoboldServing::new(serving)));
+        }
+        self
+    }
+
     pub fn new(settings: ServerSettings) -> Self {
         let name = settings
             .served_model_names
@@ -202,6 +219,7 @@ impl AppState {
             derenderer: None,
             engine: None,
             cpu: Arc::new(CpuGate::per_core()),
+            kobold: None,
         }
     }
 
@@ -224,13 +242,24 @@ pub fn unix_now() -> u64 {
 }
 
 /// The routes a role mounts, each registered together with its OpenAPI operation.
-fn role_routes(role: Role, scale_out: bool) -> utoipa_axum::router::OpenApiRouter<AppState> {
+fn role_routes(
+    role: Role,
+    scale_out: bool,
+    kobold: bool,
+) -> utoipa_axum::router::OpenApiRouter<AppState> {
     let mut app = common::routes();
     match role {
-        Role::Render => app = app.merge(render::routes()),
+        Role::Render => app = app.merge(render::routes()).merge(anthropic::count_routes()),
         Role::TokensOnly => app = app.merge(engine::routes(true)),
         Role::Full => {
-            app = app.merge(render::utility_routes()).merge(openai::routes());
+            app = app
+                .merge(render::utility_routes())
+                .merge(openai::routes())
+                .merge(anthropic::routes())
+                .merge(anthropic::count_routes());
+            if kobold {
+                app = app.merge(self::kobold::routes());
+            }
             if scale_out {
                 app = app
                     .merge(render::scale_out_routes())
@@ -267,7 +296,20 @@ fn scale_out_disabled(app: Router<AppState>) -> Router<AppState> {
 /// The OpenAPI document of a role: exactly the routes [`router`] mounts for it (plus nothing
 /// else; `/openapi.json` and `/docs` describe the API rather than belong to it, as in FastAPI).
 pub fn openapi_document(role: Role, enable_scale_out: bool) -> utoipa::openapi::OpenApi {
-    openapi::finish(role_routes(role, enable_scale_out).split_for_parts().1)
+    openapi_document_with(role, enable_scale_out, false)
+}
+
+/// [`openapi_document`], with or without the Kobold routes (`--launch-kobold-api`).
+pub fn openapi_document_with(
+    role: Role,
+    enable_scale_out: bool,
+    kobold: bool,
+) -> utoipa::openapi::OpenApi {
+    openapi::finish(
+        role_routes(role, enable_scale_out, kobold)
+            .split_for_parts()
+            .1,
+    )
 }
 
 /// Build the router for `state.settings.role`, with `/openapi.json` and `/docs`.
@@ -283,7 +325,8 @@ pub fn router_with(state: AppState, docs: bool) -> Router {
     };
     let keys = ApiKeys::new(state.settings.api_keys.clone());
     let scale_out = state.settings.enable_scale_out;
-    let (mut app, doc) = role_routes(state.settings.role, scale_out).split_for_parts();
+    let kobold = state.settings.launch_kobold_api;
+    let (mut app, doc) = role_routes(state.settings.role, scale_out, kobold).split_for_parts();
     if state.settings.role == Role::Full && !scale_out {
         app = scale_out_disabled(app);
     }
@@ -402,6 +445,7 @@ mod tests {
             body_read_timeout: std::time::Duration::from_secs(5),
             enable_scale_out: false,
             skip_tokenizer_init: false,
+            launch_kobold_api: false,
         })
     }
 
@@ -516,22 +560,59 @@ mod tests {
         let openai = [
             ("POST", "/v1/chat/completions"),
             ("POST", "/v1/completions"),
+            ("POST", "/v1/messages"),
         ];
-        let cases: [(Role, Vec<(&str, &str)>); 3] = [
-            (Role::Render, [&common[..], &render[..]].concat()),
+        let count = [("POST", "/v1/messages/count_tokens")];
+        let mut kobold = vec![
+            ("POST", "/api/v1/generate"),
+            ("POST", "/api/latest/generate"),
+            ("POST", "/api/extra/generate/stream"),
+            ("GET", "/api/extra/generate/check"),
+            ("POST", "/api/extra/generate/check"),
+            ("POST", "/api/extra/abort"),
+            ("POST", "/api/extra/tokencount"),
+            ("GET", "/api/extra/true_max_context_length"),
+            ("GET", "/api/extra/version"),
+        ];
+        for v in ["v1", "latest"] {
+            for p in [
+                "info/version",
+                "model",
+                "config/max_length",
+                "config/max_context_length",
+                "config/soft_prompts_list",
+                "config/soft_prompt",
+            ] {
+                kobold.push(("GET", Box::leak(format!("/api/{v}/{p}").into_boxed_str())));
+            }
+        }
+        let full = [
+            &common[..],
+            &render[..],
+            &engine[..],
+            &openai[..],
+            &count[..],
+        ]
+        .concat();
+        let cases: [(Role, bool, Vec<(&str, &str)>); 4] = [
+            (
+                Role::Render,
+                false,
+                [&common[..], &render[..], &count[..]].concat(),
+            ),
             (
                 Role::TokensOnly,
+                false,
                 [&common[..], &engine[..], &[("POST", "/abort_requests")][..]].concat(),
             ),
-            (
-                Role::Full,
-                [&common[..], &render[..], &engine[..], &openai[..]].concat(),
-            ),
+            (Role::Full, false, full.clone()),
+            (Role::Full, true, [&full[..], &kobold[..]].concat()),
         ];
-        for (role, want) in cases {
+        for (role, with_kobold, want) in cases {
             let mut st = state(vec![]);
             Arc::make_mut(&mut st.settings).role = role;
             Arc::make_mut(&mut st.settings).enable_scale_out = true;
+            Arc::make_mut(&mut st.settings).launch_kobold_api = with_kobold;
             let app = router(st);
             let (status, body) = call(app.clone(), "/openapi.json", None).await;
             assert_eq!(status, StatusCode::OK);
@@ -563,7 +644,10 @@ mod tests {
                 "object"
             );
             assert_eq!(
-                openapi_document(role, true).paths.paths.len(),
+                openapi_document_with(role, true, with_kobold)
+                    .paths
+                    .paths
+                    .len(),
                 doc["paths"].as_object().map_or(0, |p| p.len())
             );
             let (status, html) = call(app, "/docs", None).await;

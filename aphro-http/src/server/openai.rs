@@ -48,7 +48,7 @@ impl From<OpenAiError> for ApiError {
 
 /// The coupled layer over this server's renderer, derenderer and engine (a 400/503 when the
 /// role lacks one of them).
-fn coupled(state: &AppState) -> Result<OpenAiServing, ApiError> {
+pub(crate) fn coupled(state: &AppState) -> Result<OpenAiServing, ApiError> {
     Ok(OpenAiServing::new(
         renderer(state)?.clone(),
         derenderer(state)?.clone(),
