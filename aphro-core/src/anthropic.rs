@@ -559,7 +559,7 @@ fn convert_messages(req: &MessagesRequest) -> Vec<Value> {
         } else if !parts.is_empty() {
             msg.insert("content".into(), Value::Array(parts));
         }
-        if !(m.role == "user" && !msg.contains_key("content")) {
+        if m.role != "user" || msg.contains_key("content") {
             out.push(Value::Object(msg));
         }
     }

@@ -263,8 +263,7 @@ async fn token_count(
 macro_rules! kobold_get {
     ($name:ident, $path:tt, $body:ident, $desc:tt, |$state:ident| $value:expr) => {
         #[doc = $desc]
-        #[utoipa::path(get, path = $path, tag = "kobold",
-                            responses((status = 200, description = $desc, body = $body)))]
+        #[utoipa::path(get, path = $path, tag = "kobold", responses((status = 200, description = $desc, body = $body)))]
         async fn $name(State($state): State<AppState>) -> Response {
             json_response(StatusCode::OK, &$value)
         }

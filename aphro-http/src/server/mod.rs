@@ -594,7 +594,9 @@ mod tests {
             &count[..],
         ]
         .concat();
-        let cases: [(Role, bool, Vec<(&str, &str)>); 4] = [
+        // (role, --launch-kobold-api, the (method, path) pairs it documents)
+        type Case<'a> = (Role, bool, Vec<(&'a str, &'a str)>);
+        let cases: [Case<'_>; 4] = [
             (
                 Role::Render,
                 false,
