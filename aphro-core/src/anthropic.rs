@@ -333,12 +333,10 @@ fn image_url(source: &Map<String, Value>) -> String {
     )
 }
 
-/// `str(content)` of a tool result inside an assistant message, as vLLM writes it.
+/// `str(content)` of a tool result inside an assistant message, as vLLM writes it (the
+/// template layer's Python `str()`).
 fn python_str(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => python_repr(other),
-    }
+    crate::template::json::py_str(&minijinja::Value::from_serialize(v))
 }
 
 /// Python's `json.dumps(v)` (ASCII-escaped, as vLLM writes a `tool_use` input's arguments).
@@ -356,61 +354,6 @@ fn python_json_dumps(v: &Value) -> String {
         }
     }
     out
-}
-
-/// Python's `repr` of a JSON value (the dict/list a tool result's content parsed into).
-fn python_repr(v: &Value) -> String {
-    match v {
-        Value::Null => "None".into(),
-        Value::Bool(b) => if *b { "True" } else { "False" }.into(),
-        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => i.to_string(),
-            (_, Some(u), _) => u.to_string(),
-            (_, _, Some(f)) => aphro_parsers::pyjson::float_repr(f),
-            _ => n.to_string(),
-        },
-        Value::String(s) => {
-            let quote = if s.contains('\'') && !s.contains('"') {
-                '"'
-            } else {
-                '\''
-            };
-            let mut out = String::from(quote);
-            for c in s.chars() {
-                match c {
-                    '\\' => out.push_str("\\\\"),
-                    '\n' => out.push_str("\\n"),
-                    '\r' => out.push_str("\\r"),
-                    '\t' => out.push_str("\\t"),
-                    c if c == quote => {
-                        out.push('\\');
-                        out.push(c);
-                    }
-                    c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                        out.push_str(&format!("\\x{:02x}", c as u32))
-                    }
-                    c => out.push(c),
-                }
-            }
-            out.push(quote);
-            out
-        }
-        Value::Array(a) => format!(
-            "[{}]",
-            a.iter().map(python_repr).collect::<Vec<_>>().join(", ")
-        ),
-        Value::Object(o) => format!(
-            "{{{}}}",
-            o.iter()
-                .map(|(k, v)| format!(
-                    "{}: {}",
-                    python_repr(&Value::String(k.clone())),
-                    python_repr(v)
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
 }
 
 fn convert_user_tool_result(b: &ContentBlock, out: &mut Vec<Value>) {
@@ -1215,7 +1158,7 @@ mod tests {
     #[test]
     fn an_assistant_tool_result_is_python_text() {
         assert_eq!(
-            python_repr(&json!([{"type": "text", "text": "it's"}, null, true, 1.5])),
+            python_str(&json!([{"type": "text", "text": "it's"}, null, true, 1.5])),
             "[{'type': 'text', 'text': \"it's\"}, None, True, 1.5]"
         );
     }
