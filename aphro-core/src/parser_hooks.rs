@@ -69,6 +69,32 @@ pub fn reasoning_ended_in(text: &str, start: &str, end: &str) -> bool {
     }
 }
 
+/// The vLLM tool parsers whose `adjust_request` sets `skip_special_tokens = False` when tools
+/// are offered and `tool_choice` is not `none` (their call markers are special tokens, which
+/// decoding would otherwise drop); found with the class hierarchy of vllm/tool_parsers/ at
+/// vLLM 0.33.0. The other parsers (llama3_json, mistral, pythonic, ...) leave it as it is.
+const KEEPS_SPECIAL_TOKENS: [&str; 19] = [
+    "apertus",
+    "functiongemma",
+    "gemma4",
+    "gigachat3",
+    "granite4",
+    "hermes",
+    "internlm",
+    "jamba",
+    "kimi_k2",
+    "kimi_k3",
+    "lfm2",
+    "longcat",
+    "minicpm5",
+    "muse",
+    "muse_glimmer",
+    "musespark1x",
+    "poolside_v1",
+    "qwen3_json",
+    "step3",
+];
+
 impl RenderHooks for ParserHooks {
     fn reasoning_ended(&self, prompt_ids: &[u32], _kwargs: &Map<String, Value>) -> Option<bool> {
         let (start, end) = self.reasoning_markers?;
@@ -82,7 +108,11 @@ impl RenderHooks for ParserHooks {
     }
 
     fn adjust_sampling_params(&self, req: &ChatCompletionRequest, params: &mut SamplingParams) {
-        if self.tool_parser.is_none() {
+        if !self
+            .tool_parser
+            .as_deref()
+            .is_some_and(|p| KEEPS_SPECIAL_TOKENS.contains(&p))
+        {
             return;
         }
         let tools_offered = req.tools.as_ref().is_some_and(|t| !t.is_empty());
