@@ -336,7 +336,7 @@ fn image_url(source: &Map<String, Value>) -> String {
 /// `str(content)` of a tool result inside an assistant message, as vLLM writes it (the
 /// template layer's Python `str()`).
 fn python_str(v: &Value) -> String {
-    crate::template::json::py_str(&minijinja::Value::from_serialize(v))
+    crate::template::json::py_str_json(v)
 }
 
 /// Python's `json.dumps(v)` (ASCII-escaped, as vLLM writes a `tool_use` input's arguments).

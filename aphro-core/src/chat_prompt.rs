@@ -293,12 +293,7 @@ impl ChatPrompter {
         req: &ChatCompletionRequest,
         defaults: &Map<String, Value>,
     ) -> Result<RenderedChat> {
-        if req.continue_final_message && req.add_generation_prompt {
-            return Err(Error::validation(
-                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                None,
-            ));
-        }
+        check_continue_final_message(req.continue_final_message, req.add_generation_prompt)?;
         let messages = req
             .messages
             .iter()
@@ -328,7 +323,7 @@ impl ChatPrompter {
         ctx.push((Jv::from("documents"), documents));
         ctx.push((
             Jv::from("add_generation_prompt"),
-            Jv::from(req.add_generation_prompt),
+            Jv::from(req.add_generation_prompt()),
         ));
         ctx.extend(self.special_tokens.iter().cloned());
         for (k, v) in &kwargs {
@@ -409,6 +404,32 @@ fn cut_after_final_message(rendered: String, last: Option<&Jv>) -> Result<String
     let mut rendered = rendered;
     rendered.truncate(end);
     Ok(rendered)
+}
+
+/// `continue_final_message` leaves the last message open, so no generation prompt may follow.
+/// vLLM refuses an explicit `add_generation_prompt: true` in its request validator
+/// (`check_generation_prompt`, entrypoints/openai/chat_completion/protocol.py; it reads the raw
+/// body), and the default `true` reaches `transformers`' `apply_chat_template`, whose
+/// `ValueError` vLLM's renderer returns as a 400 (renderers/hf.py:safe_apply_chat_template).
+pub(crate) fn check_continue_final_message(
+    continue_final_message: bool,
+    add_generation_prompt: Option<bool>,
+) -> Result<()> {
+    if !continue_final_message {
+        return Ok(());
+    }
+    match add_generation_prompt {
+        Some(false) => Ok(()),
+        Some(true) => Err(Error::bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        )),
+        None => Err(Error::bad_request(
+            "continue_final_message and add_generation_prompt are not compatible. Use \
+             continue_final_message when you want the model to continue the final message, and \
+             add_generation_prompt when you want to add a header that will prompt it to start a \
+             new assistant message instead.",
+        )),
+    }
 }
 
 #[cfg(test)]

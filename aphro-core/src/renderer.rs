@@ -111,17 +111,6 @@ impl std::fmt::Debug for Renderer {
     }
 }
 
-fn check_i64_range(v: i64, min: i64, name: &str, msg: &str) -> Result<()> {
-    if v < min {
-        return Err(Error::invalid_param(
-            msg.replace("{v}", &v.to_string()),
-            name,
-            v,
-        ));
-    }
-    Ok(())
-}
-
 /// The media a model takes. aphro has no multimodal processor yet, so every model is
 /// text-only and media content parts get vLLM's refusal; a multimodal model lists its
 /// modalities here once its renderer can place them.
@@ -389,7 +378,7 @@ impl Renderer {
         let mut kwargs = self.options.default_chat_template_kwargs.clone();
         kwargs.insert(
             "add_generation_prompt".into(),
-            Value::Bool(req.add_generation_prompt),
+            Value::Bool(req.add_generation_prompt()),
         );
         kwargs.insert(
             "continue_final_message".into(),
@@ -486,24 +475,27 @@ impl Renderer {
         validate_completion(req)?;
         self.check_model(req.model.as_deref())?;
         check_suffix(req)?;
-        let prompts = match (&req.prompt, &req.prompt_embeds) {
-            (Some(p), _) => p.clone().into_prompts(),
-            (None, Some(_)) => {
-                return Err(Error::bad_request(
-                    "prompt_embeds is not supported by this server.",
-                ));
-            }
-            (None, None) => {
-                return Err(Error::validation(
-                    "Either prompt or prompt_embeds must be provided and non-empty.",
-                    None,
-                ))
-            }
-        };
+        // Embeddings come first in vLLM's prompt list (renderers/online_renderer.py:
+        // preprocess_completion), and each is refused without `--enable-prompt-embeds`
+        // (renderers/embed_utils.py), which aphro does not have.
+        if matches!(&req.prompt_embeds, Some(Value::String(_)))
+            || matches!(&req.prompt_embeds, Some(Value::Array(a)) if !a.is_empty())
+        {
+            return Err(Error::for_param(
+                "You must set `--enable-prompt-embeds` to input `prompt_embeds`.",
+                "prompt_embeds",
+            ));
+        }
+        let prompts = req
+            .prompt
+            .clone()
+            .map(PromptInput::into_prompts)
+            .unwrap_or_default();
         if prompts.is_empty() {
-            return Err(Error::validation(
-                "Either prompt or prompt_embeds must be provided and non-empty.",
-                None,
+            // `BaseRenderer.render_prompts` (renderers/base.py).
+            return Err(Error::for_param(
+                "You must pass at least one prompt",
+                "prompt",
             ));
         }
         self.options.limits.check_prompt_count(prompts.len())?;
@@ -1021,7 +1013,60 @@ fn validate_cache_salt(salt: Option<&str>) -> Result<()> {
 pub const REASONING_EFFORTS: [&str; 7] =
     ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
+/// vLLM's `ChatCompletionRequest` model validators (entrypoints/openai/chat_completion/protocol.py),
+/// in the order pydantic runs them (`mode="before"` validators run last-defined first), with
+/// their messages: each raises a `VLLMValidationError`, which is not a `ValueError`, so it
+/// leaves pydantic unwrapped and becomes a `BadRequestError` whose message carries the
+/// ` (parameter=…, value=…)` suffix. The structural (field) checks follow them, as pydantic
+/// validates fields after its before-validators.
 fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
+    // check_generation_prompt reads the raw body: only an explicit `true` is refused here.
+    if req.add_generation_prompt == Some(true) {
+        crate::chat_prompt::check_continue_final_message(
+            req.continue_final_message,
+            req.add_generation_prompt,
+        )?;
+    }
+    check_tool_usage(req)?;
+    // check_tool_usage (run first) fills in "auto" when tools come without a choice, and an
+    // absent choice reads as "none"; any other value (a named tool, null) excludes constraints.
+    let named_tool_choice = req
+        .tool_choice
+        .as_ref()
+        .is_some_and(|tc| !matches!(tc.as_str(), Some("none" | "auto" | "required")));
+    check_structured_outputs_count(req.structured_outputs.as_ref(), named_tool_choice, None)?;
+    if has_items(req.logprob_token_ids.as_deref()) && req.use_beam_search {
+        return Err(Error::for_param(
+            "`logprob_token_ids` is not supported with beam search.",
+            "logprob_token_ids",
+        ));
+    }
+    if has_items(req.logprob_token_ids.as_deref()) && !req.logprobs {
+        return Err(Error::for_param(
+            "when using `logprob_token_ids`, `logprobs` must be set to true.",
+            "logprob_token_ids",
+        ));
+    }
+    check_prompt_logprobs(req.prompt_logprobs, req.stream)?;
+    if let Some(t) = req.top_logprobs {
+        if t < -1 {
+            return Err(Error::invalid_param(
+                "`top_logprobs` must be a positive value or -1.",
+                "top_logprobs",
+                t,
+            ));
+        }
+        if t != 0 && !req.logprobs {
+            return Err(Error::for_param(
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                "top_logprobs",
+            ));
+        }
+    }
+    check_stream_options(req.stream_options.is_some(), req.stream)?;
+    check_response_format(req.response_format.as_ref())?;
+    validate_cache_salt(req.cache_salt.as_deref())?;
+    // Field validation.
     if let Some(effort) = &req.reasoning_effort {
         if !REASONING_EFFORTS.contains(&effort.as_str()) {
             use crate::validation::{literal_error, validation_error, Loc};
@@ -1032,117 +1077,171 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
             )]));
         }
     }
+    validate_response_format_type(req.response_format.as_ref())?;
+    // render_chat_request (entrypoints/scale_out/render/serving.py).
     if req.use_beam_search {
         return Err(Error::bad_request(
             "Beam search is not supported by the render endpoint",
         ));
     }
-    if req.stream_options.is_some() && !req.stream {
+    Ok(())
+}
+
+/// Python's truthiness of an optional list.
+fn has_items<T>(v: Option<&[T]>) -> bool {
+    v.is_some_and(|v| !v.is_empty())
+}
+
+/// `check_tool_usage`.
+fn check_tool_usage(req: &ChatCompletionRequest) -> Result<()> {
+    if req.tools.as_ref().is_some_and(Vec::is_empty) {
+        return Err(Error::for_param(
+            "`tools` must not be an empty array. Either provide at least one tool or omit the \
+             field entirely.",
+            "tools",
+        ));
+    }
+    let Some(tc) = req.tool_choice.as_ref().filter(|tc| !tc.is_null()) else {
+        return Ok(());
+    };
+    if tc.as_str() == Some("none") {
+        return Ok(());
+    }
+    let Some(tools) = &req.tools else {
+        return Err(Error::for_param(
+            "When using `tool_choice`, `tools` must be set.",
+            "tool_choice",
+        ));
+    };
+    let Value::Object(named) = tc else {
+        if matches!(tc.as_str(), Some("auto" | "required")) {
+            return Ok(());
+        }
+        return Err(Error::for_param(
+            format!(
+                "Invalid value for `tool_choice`: {}! Only named tools, \"none\", \"auto\" or \
+                 \"required\" are supported.",
+                crate::template::json::py_str_json(tc)
+            ),
+            "tool_choice",
+        ));
+    };
+    const CORRECT_USAGE: &str =
+        r#"Correct usage: `{"type": "function", "function": {"name": "my_function"}}`"#;
+    let function = match named.get("function") {
+        Some(Value::Object(f)) => f,
+        other => {
+            return Err(Error::for_param(
+                format!(
+                    "Invalid value for `function`: `{}` in `tool_choice`! {CORRECT_USAGE}",
+                    crate::template::json::py_str_json(other.unwrap_or(&Value::Null))
+                ),
+                "tool_choice.function",
+            ))
+        }
+    };
+    let Some(name) = function.get("name") else {
+        return Err(Error::for_param(
+            format!("Expected field `name` in `function` in `tool_choice`! {CORRECT_USAGE}"),
+            "tool_choice.function.name",
+        ));
+    };
+    let name = match name.as_str() {
+        Some(n) if !n.is_empty() => n,
+        _ => {
+            return Err(Error::for_param(
+                format!(
+                    "Invalid `name` in `function`: `{}` in `tool_choice`! {CORRECT_USAGE}",
+                    crate::template::json::py_str_json(name)
+                ),
+                "tool_choice.function.name",
+            ))
+        }
+    };
+    if !tools.iter().any(|t| t.function.name == name) {
+        return Err(Error::for_param(
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            "tool_choice",
+        ));
+    }
+    Ok(())
+}
+
+/// `check_structured_outputs_count` of the chat (`param: None`) and completion
+/// (`param: structured_outputs`) requests. `named_tool_choice` (chat only) is a `tool_choice`
+/// other than none/auto/required, which rules constraints out.
+fn check_structured_outputs_count(
+    so: Option<&Value>,
+    named_tool_choice: bool,
+    param: Option<&str>,
+) -> Result<()> {
+    let Some(so) = so.and_then(Value::as_object) else {
+        return Ok(());
+    };
+    let count = ["json", "regex", "choice"]
+        .iter()
+        .filter(|k| so.get(**k).is_some_and(|v| !v.is_null()))
+        .count();
+    let refuse = |message: &str| match param {
+        Some(p) => Error::for_param(message, p),
+        None => Error::bad_request(message),
+    };
+    if count > 1 {
+        return Err(refuse(
+            "You can only use one kind of constraints for structured outputs ('json', 'regex' \
+             or 'choice').",
+        ));
+    }
+    if count > 0 && named_tool_choice {
+        return Err(refuse(
+            "You can only either use constraints for structured outputs or tools, not both.",
+        ));
+    }
+    Ok(())
+}
+
+/// The `prompt_logprobs` half of `check_logprobs` (chat and completion alike).
+fn check_prompt_logprobs(prompt_logprobs: Option<i64>, stream: bool) -> Result<()> {
+    let Some(p) = prompt_logprobs else {
+        return Ok(());
+    };
+    if stream && (p > 0 || p == -1) {
+        return Err(Error::for_param(
+            "`prompt_logprobs` are not available when `stream=True`.",
+            "prompt_logprobs",
+        ));
+    }
+    if p < -1 {
         return Err(Error::invalid_param(
+            "`prompt_logprobs` must be a positive value or -1.",
+            "prompt_logprobs",
+            p,
+        ));
+    }
+    Ok(())
+}
+
+/// `validate_stream_options`.
+fn check_stream_options(has_stream_options: bool, stream: bool) -> Result<()> {
+    if has_stream_options && !stream {
+        return Err(Error::for_param(
             "Stream options can only be defined when `stream=True`.",
             "stream_options",
-            "stream_options",
         ));
     }
-    if let Some(t) = req.top_logprobs {
-        check_i64_range(
-            t,
-            -1,
-            "top_logprobs",
-            "top_logprobs must be a positive value or -1, got {v}.",
-        )?;
-        if t != 0 && !req.logprobs {
-            return Err(Error::invalid_param(
-                "when using `top_logprobs`, `logprobs` must be set to true.",
-                "top_logprobs",
-                t,
-            ));
-        }
-    }
-    if let Some(p) = req.prompt_logprobs {
-        check_i64_range(
-            p,
-            -1,
-            "prompt_logprobs",
-            "`prompt_logprobs` must be a positive value or -1, got {v}.",
-        )?;
-        if req.stream && (p > 0 || p == -1) {
-            return Err(Error::invalid_param(
-                "`prompt_logprobs` are not available when `stream=True`.",
-                "prompt_logprobs",
-                p,
-            ));
-        }
-    }
-    if req.logprob_token_ids.is_some() && !req.logprobs {
-        return Err(Error::invalid_param(
-            "`logprob_token_ids` requires `logprobs=true`.",
-            "logprob_token_ids",
-            "logprob_token_ids",
-        ));
-    }
-    if let Some(tools) = &req.tools {
-        if tools.is_empty() {
-            return Err(Error::invalid_param(
-                "`tools` must not be an empty list.",
-                "tools",
-                "[]",
-            ));
-        }
-    }
-    if let Some(tc) = &req.tool_choice {
-        let is_none = tc.as_str() == Some("none");
-        if !is_none && req.tools.is_none() {
-            return Err(Error::invalid_param(
-                "When using `tool_choice`, `tools` must be set.",
-                "tool_choice",
-                tc,
-            ));
-        }
-        match tc {
-            Value::String(s) if matches!(s.as_str(), "none" | "auto" | "required") => {}
-            Value::Object(o) => {
-                let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
-                let Some(name) = name else {
-                    return Err(Error::invalid_param(
-                        "Expected field `function` with a `name` in a named `tool_choice`.",
-                        "tool_choice",
-                        tc,
-                    ));
-                };
-                let known = req.tools.iter().flatten().any(|t| t.function.name == name);
-                if !known {
-                    return Err(Error::invalid_param(
-                        format!("The tool specified in `tool_choice` does not match any of the specified `tools`: {name}"),
-                        "tool_choice",
-                        tc,
-                    ));
-                }
-            }
-            other => {
-                return Err(Error::invalid_param(
-                    "Invalid value for `tool_choice`: expected \"none\", \"auto\", \"required\" or a named tool.",
-                    "tool_choice",
-                    other,
-                ))
-            }
-        }
-    }
-    if req.continue_final_message && req.add_generation_prompt {
-        return Err(Error::validation(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-            None,
-        ));
-    }
-    validate_cache_salt(req.cache_salt.as_deref())?;
-    validate_response_format_type(req.response_format.as_ref())?;
-    if let Some(rf) = &req.response_format {
+    Ok(())
+}
+
+/// `validate_response_format`.
+fn check_response_format(rf: Option<&Value>) -> Result<()> {
+    if let Some(rf) = rf {
         if rf.get("type").and_then(Value::as_str) == Some("json_schema")
             && rf.get("json_schema").is_none_or(Value::is_null)
         {
-            return Err(Error::validation(
-                "When response_format type is 'json_schema', 'json_schema' must be provided.",
-                Some("response_format"),
+            return Err(Error::for_param(
+                "When response_format type is 'json_schema', the 'json_schema' field must be \
+                 provided.",
+                "response_format",
             ));
         }
     }
@@ -1164,36 +1263,78 @@ fn validate_response_format_type(rf: Option<&Value>) -> Result<()> {
     Err(validation_error(&[literal_error(&loc, &TYPES, kind)]))
 }
 
+/// vLLM's `CompletionRequest` model validators (entrypoints/openai/completion/protocol.py), in
+/// pydantic's order, then the field checks; see [`validate_chat`].
 fn validate_completion(req: &CompletionRequest) -> Result<()> {
+    // validate_prompt_and_prompt_embeds: a missing or "" prompt without embeddings.
+    let prompt_is_empty = match &req.prompt {
+        None => true,
+        Some(PromptInput::Text(t)) => t.is_empty(),
+        Some(_) => false,
+    };
+    let embeds_is_empty = match &req.prompt_embeds {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(_) => false,
+    };
+    if prompt_is_empty && embeds_is_empty {
+        return Err(Error::for_param(
+            "Either prompt or prompt_embeds must be provided and non-empty.",
+            "prompt",
+        ));
+    }
+    check_stream_options(req.stream_options.is_some(), req.stream)?;
+    let has_token_ids = has_items(req.logprob_token_ids.as_deref());
+    if has_token_ids && req.use_beam_search {
+        return Err(Error::for_param(
+            "`logprob_token_ids` is not supported with beam search.",
+            "logprob_token_ids",
+        ));
+    }
+    if req.use_beam_search && req.echo && req.logprobs.is_some() {
+        return Err(Error::for_param(
+            "`echo` with `logprobs` is not supported with beam search because beam search does \
+             not compute prompt logprobs.",
+            "echo",
+        ));
+    }
+    if has_token_ids && req.echo && req.max_tokens == Some(0) {
+        return Err(Error::for_param(
+            "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because \
+             no output tokens are generated.",
+            "logprob_token_ids",
+        ));
+    }
+    if has_token_ids && req.logprobs.is_none() {
+        return Err(Error::for_param(
+            "when using `logprob_token_ids`, `logprobs` must be set.",
+            "logprob_token_ids",
+        ));
+    }
+    check_prompt_logprobs(req.prompt_logprobs, req.stream)?;
+    if let Some(l) = req.logprobs {
+        if l < -1 {
+            return Err(Error::invalid_param(
+                "`logprobs` must be a positive value or -1.",
+                "logprobs",
+                l,
+            ));
+        }
+    }
+    check_structured_outputs_count(
+        req.structured_outputs.as_ref(),
+        false,
+        Some("structured_outputs"),
+    )?;
+    check_response_format(req.response_format.as_ref())?;
+    validate_cache_salt(req.cache_salt.as_deref())?;
     validate_response_format_type(req.response_format.as_ref())?;
+    // render_completion_request (entrypoints/scale_out/render/serving.py).
     if req.use_beam_search {
         return Err(Error::bad_request(
             "Beam search is not supported by the render endpoint",
         ));
     }
-    if req.stream_options.is_some() && !req.stream {
-        return Err(Error::invalid_param(
-            "Stream options can only be defined when `stream=True`.",
-            "stream_options",
-            "stream_options",
-        ));
-    }
-    if let Some(p) = req.prompt_logprobs {
-        check_i64_range(
-            p,
-            -1,
-            "prompt_logprobs",
-            "`prompt_logprobs` must be a positive value or -1, got {v}.",
-        )?;
-        if req.stream && (p > 0 || p == -1) {
-            return Err(Error::invalid_param(
-                "`prompt_logprobs` are not available when `stream=True`.",
-                "prompt_logprobs",
-                p,
-            ));
-        }
-    }
-    validate_cache_salt(req.cache_salt.as_deref())?;
     Ok(())
 }
 
@@ -1206,4 +1347,208 @@ pub fn parse_chat_request(body: &Value) -> Result<ChatCompletionRequest> {
 
 pub fn parse_completion_request(body: &Value) -> Result<CompletionRequest> {
     crate::validation::from_body(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(extra: Value) -> ChatCompletionRequest {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        parse_chat_request(&body).expect("structurally valid")
+    }
+
+    fn completion(body: Value) -> CompletionRequest {
+        parse_completion_request(&body).expect("structurally valid")
+    }
+
+    /// The error body vLLM sends: (message, type, param).
+    fn refusal(r: Result<()>) -> (String, &'static str, Option<String>) {
+        let e = r.expect_err("refused");
+        let body = e.to_error_response();
+        (body.error.message, e.error_type(), body.error.param)
+    }
+
+    #[test]
+    fn chat_validators_word_their_errors_as_vllm() {
+        let weather = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+        let cases = [
+            (
+                json!({"tools": []}),
+                "`tools` must not be an empty array. Either provide at least one tool or omit \
+                 the field entirely. (parameter=tools)",
+                "tools",
+            ),
+            (
+                json!({"tool_choice": "required"}),
+                "When using `tool_choice`, `tools` must be set. (parameter=tool_choice)",
+                "tool_choice",
+            ),
+            (
+                json!({"tools": weather, "tool_choice": "sometimes"}),
+                "Invalid value for `tool_choice`: sometimes! Only named tools, \"none\", \
+                 \"auto\" or \"required\" are supported. (parameter=tool_choice)",
+                "tool_choice",
+            ),
+            (
+                json!({"tools": weather, "tool_choice": {"type": "function"}}),
+                "Invalid value for `function`: `None` in `tool_choice`! Correct usage: \
+                 `{\"type\": \"function\", \"function\": {\"name\": \"my_function\"}}` \
+                 (parameter=tool_choice.function)",
+                "tool_choice.function",
+            ),
+            (
+                json!({"tools": weather, "tool_choice": {"type": "function", "function": {}}}),
+                "Expected field `name` in `function` in `tool_choice`! Correct usage: \
+                 `{\"type\": \"function\", \"function\": {\"name\": \"my_function\"}}` \
+                 (parameter=tool_choice.function.name)",
+                "tool_choice.function.name",
+            ),
+            (
+                json!({"tools": weather,
+                       "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "The tool specified in `tool_choice` does not match any of the specified \
+                 `tools` (parameter=tool_choice)",
+                "tool_choice",
+            ),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "Stream options can only be defined when `stream=True`. \
+                 (parameter=stream_options)",
+                "stream_options",
+            ),
+            (
+                json!({"top_logprobs": 3}),
+                "when using `top_logprobs`, `logprobs` must be set to true. \
+                 (parameter=top_logprobs)",
+                "top_logprobs",
+            ),
+            (
+                json!({"logprobs": true, "top_logprobs": -2}),
+                "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, \
+                 value=-2)",
+                "top_logprobs",
+            ),
+            (
+                json!({"prompt_logprobs": 1, "stream": true}),
+                "`prompt_logprobs` are not available when `stream=True`. \
+                 (parameter=prompt_logprobs)",
+                "prompt_logprobs",
+            ),
+            (
+                json!({"logprob_token_ids": [1]}),
+                "when using `logprob_token_ids`, `logprobs` must be set to true. \
+                 (parameter=logprob_token_ids)",
+                "logprob_token_ids",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                "When response_format type is 'json_schema', the 'json_schema' field must be \
+                 provided. (parameter=response_format)",
+                "response_format",
+            ),
+        ];
+        for (extra, message, param) in cases {
+            let (got, kind, got_param) = refusal(validate_chat(&chat(extra.clone())));
+            assert_eq!(got, message, "{extra}");
+            assert_eq!(kind, "BadRequestError", "{extra}");
+            assert_eq!(got_param.as_deref(), Some(param), "{extra}");
+        }
+    }
+
+    #[test]
+    fn structured_outputs_count_is_checked_before_the_params() {
+        let (msg, kind, param) = refusal(validate_chat(&chat(
+            json!({"structured_outputs": {"regex": "a+", "choice": ["a"]}}),
+        )));
+        assert_eq!(
+            msg,
+            "You can only use one kind of constraints for structured outputs ('json', 'regex' \
+             or 'choice')."
+        );
+        assert_eq!((kind, param), ("BadRequestError", None));
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let (msg, ..) = refusal(validate_chat(&chat(json!({
+            "structured_outputs": {"regex": "a+"}, "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}))));
+        assert_eq!(
+            msg,
+            "You can only either use constraints for structured outputs or tools, not both."
+        );
+        // Completions name the parameter.
+        let (_, _, param) = refusal(validate_completion(&completion(
+            json!({"prompt": "x", "structured_outputs": {"json": {}, "choice": ["a"]}}),
+        )));
+        assert_eq!(param.as_deref(), Some("structured_outputs"));
+    }
+
+    #[test]
+    fn continue_final_message_refuses_an_explicit_generation_prompt_only() {
+        let both = chat(json!({"continue_final_message": true, "add_generation_prompt": true}));
+        let (msg, kind, param) = refusal(validate_chat(&both));
+        assert_eq!(
+            msg,
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        );
+        assert_eq!((kind, param), ("BadRequestError", None));
+        // Left out, add_generation_prompt is true only by default: the request validator lets
+        // it through and the template step refuses it with transformers' words.
+        let implicit = chat(json!({"continue_final_message": true}));
+        assert!(validate_chat(&implicit).is_ok());
+        assert!(implicit.add_generation_prompt());
+        let (msg, ..) = refusal(crate::chat_prompt::check_continue_final_message(
+            true,
+            implicit.add_generation_prompt,
+        ));
+        assert!(msg.starts_with("continue_final_message and add_generation_prompt are not"));
+        let explicit_off = chat(json!({"continue_final_message": true,
+                                       "add_generation_prompt": false}));
+        assert!(validate_chat(&explicit_off).is_ok());
+        assert!(crate::chat_prompt::check_continue_final_message(
+            true,
+            explicit_off.add_generation_prompt
+        )
+        .is_ok());
+        // null is not a boolean.
+        let body = json!({"messages": [], "add_generation_prompt": null});
+        assert!(parse_chat_request(&body).is_err());
+    }
+
+    #[test]
+    fn completion_prompt_checks_follow_vllm() {
+        for body in [json!({}), json!({"prompt": ""}), json!({"prompt": null})] {
+            let (msg, kind, param) = refusal(validate_completion(&completion(body.clone())));
+            assert_eq!(
+                msg,
+                "Either prompt or prompt_embeds must be provided and non-empty. \
+                 (parameter=prompt)",
+                "{body}"
+            );
+            assert_eq!(
+                (kind, param.as_deref()),
+                ("BadRequestError", Some("prompt"))
+            );
+        }
+        // A list is not "empty" to the validator; the renderer refuses an empty one.
+        assert!(validate_completion(&completion(json!({"prompt": []}))).is_ok());
+        let (msg, ..) = refusal(validate_completion(&completion(
+            json!({"prompt": "x", "logprobs": -3}),
+        )));
+        assert_eq!(
+            msg,
+            "`logprobs` must be a positive value or -1. (parameter=logprobs, value=-3)"
+        );
+        let (msg, ..) = refusal(validate_completion(&completion(
+            json!({"prompt": "x", "logprob_token_ids": [1]}),
+        )));
+        assert_eq!(
+            msg,
+            "when using `logprob_token_ids`, `logprobs` must be set. \
+             (parameter=logprob_token_ids)"
+        );
+    }
 }

@@ -494,7 +494,7 @@ impl CoupledChatChunks {
         has_parser: bool,
     ) -> Self {
         // vLLM's `get_chat_request_role`: the last message's role when not adding a prompt.
-        let role = if chat.add_generation_prompt {
+        let role = if chat.add_generation_prompt() {
             "assistant".to_owned()
         } else {
             chat.messages

@@ -183,7 +183,7 @@ pub fn chat_echo_text(req: &ChatCompletionRequest) -> Option<String> {
     if !req.echo {
         return None;
     }
-    let role = if req.add_generation_prompt {
+    let role = if req.add_generation_prompt() {
         "assistant"
     } else {
         req.messages.last().map_or("assistant", |m| m.role.as_str())

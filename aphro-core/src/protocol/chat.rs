@@ -105,8 +105,13 @@ pub struct ChatCompletionRequest {
     pub bad_words: Option<Vec<String>>,
     #[serde(default)]
     pub echo: bool,
-    #[serde(default = "default_true")]
-    pub add_generation_prompt: bool,
+    /// `None` when the request leaves it out (then it is true). vLLM's check for both
+    /// `continue_final_message` and `add_generation_prompt` reads the raw request, so only an
+    /// explicit `true` is refused there; read the effective value with
+    /// [`ChatCompletionRequest::add_generation_prompt`].
+    #[serde(default, deserialize_with = "crate::protocol::explicit")]
+    #[schema(value_type = bool, default = true)]
+    pub add_generation_prompt: Option<bool>,
     #[serde(default)]
     pub continue_final_message: bool,
     #[serde(default)]
@@ -154,6 +159,13 @@ pub struct ChatCompletionRequest {
     /// Render-only: return `token_offsets` in the result.
     #[serde(default)]
     pub return_token_offsets: bool,
+}
+
+impl ChatCompletionRequest {
+    /// The effective `add_generation_prompt`: true unless the request sets it.
+    pub fn add_generation_prompt(&self) -> bool {
+        self.add_generation_prompt.unwrap_or(true)
+    }
 }
 
 /// One message of `messages`. Roles are free strings (system/developer/user/assistant/tool/…).

@@ -54,3 +54,14 @@ pub fn random_request_id() -> String {
     let v: u64 = rand::rng().random();
     format!("{v:016x}")
 }
+
+/// A field whose absence means something else than any value it can take: present values are
+/// `Some` (a JSON `null` is refused as the bare type refuses it), absence is the field's
+/// `#[serde(default)]`, `None`.
+pub(crate) fn explicit<'de, D, T>(de: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(de).map(Some)
+}

@@ -446,29 +446,8 @@ impl SamplingParams {
             ));
         }
         verify_greedy(self.n, self.temperature).map_err(SamplingArgError::into_error)?;
-        if let Some(so) = &self.structured_outputs {
-            if let Some(obj) = so.as_object() {
-                let n = [
-                    "json",
-                    "regex",
-                    "choice",
-                    "grammar",
-                    "json_object",
-                    "structural_tag",
-                ]
-                .iter()
-                .filter(|k| {
-                    obj.get(**k)
-                        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
-                })
-                .count();
-                if n != 1 {
-                    return Err(Error::bad_request(
-                        "You must use exactly one kind of structured outputs constraint, \
-                         but got a different number.",
-                    ));
-                }
-            }
+        if let Some(obj) = self.structured_outputs.as_ref().and_then(Value::as_object) {
+            check_structured_outputs_params(obj)?;
         }
         Ok(())
     }
@@ -595,4 +574,60 @@ impl Serialize for SamplingParams {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         self.to_json().serialize(s)
     }
+}
+
+/// `StructuredOutputsParams.__post_init__` (sampling_params.py): exactly one constraint kind.
+/// Its message shows the dataclass's `__dict__` (every field, in declaration order, with the
+/// defaults pydantic fills in, including the two `init=False` backend fields).
+fn check_structured_outputs_params(obj: &Map<String, Value>) -> Result<()> {
+    const KINDS: [&str; 6] = [
+        "json",
+        "regex",
+        "choice",
+        "grammar",
+        "json_object",
+        "structural_tag",
+    ];
+    let count = KINDS
+        .iter()
+        .filter(|k| obj.get(**k).is_some_and(|v| !v.is_null()))
+        .count();
+    if count == 1 {
+        return Ok(());
+    }
+    let fields: [(&str, Value); 11] = [
+        ("json", Value::Null),
+        ("regex", Value::Null),
+        ("choice", Value::Null),
+        ("grammar", Value::Null),
+        ("json_object", Value::Null),
+        ("disable_any_whitespace", Value::Bool(false)),
+        ("disable_additional_properties", Value::Bool(false)),
+        ("whitespace_pattern", Value::Null),
+        ("structural_tag", Value::Null),
+        ("_backend", Value::Null),
+        ("_backend_was_auto", Value::Bool(false)),
+    ];
+    let dict: Map<String, Value> = fields
+        .into_iter()
+        .map(|(k, default)| {
+            let v = match k {
+                "_backend" | "_backend_was_auto" => default,
+                _ => obj.get(k).cloned().unwrap_or(default),
+            };
+            (k.to_owned(), v)
+        })
+        .collect();
+    let dict = crate::template::json::py_str_json(&Value::Object(dict));
+    Err(Error::bad_request(if count > 1 {
+        format!(
+            "You can only use one kind of structured outputs constraint but multiple are \
+             specified: {dict}"
+        )
+    } else {
+        format!(
+            "You must use one kind of structured outputs constraint but none are specified: \
+             {dict}"
+        )
+    }))
 }

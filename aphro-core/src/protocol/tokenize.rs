@@ -54,8 +54,10 @@ pub struct TokenizeChatRequest {
     #[serde(default)]
     pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
-    #[serde(default = "default_true")]
-    pub add_generation_prompt: bool,
+    /// `None` when left out (then true); see [`super::ChatCompletionRequest::add_generation_prompt`].
+    #[serde(default, deserialize_with = "crate::protocol::explicit")]
+    #[schema(value_type = bool, default = true)]
+    pub add_generation_prompt: Option<bool>,
     #[serde(default)]
     pub continue_final_message: bool,
     #[serde(default)]
@@ -74,6 +76,13 @@ pub struct TokenizeChatRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub media_io_kwargs: Option<Value>,
+}
+
+impl TokenizeChatRequest {
+    /// The effective `add_generation_prompt`: true unless the request sets it.
+    pub fn add_generation_prompt(&self) -> bool {
+        self.add_generation_prompt.unwrap_or(true)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -210,6 +210,11 @@ fn py_repr_into(out: &mut String, v: &Value) {
     }
 }
 
+/// Python `str(value)` of a JSON value (as `json.loads` would give it to Python).
+pub fn py_str_json(v: &serde_json::Value) -> String {
+    py_str(&Value::from_serialize(v))
+}
+
 /// Python `str(value)` as Jinja2 prints it.
 pub fn py_str(v: &Value) -> String {
     match v.kind() {
