@@ -81,11 +81,16 @@ RANDOM_FIELDS = [
 # Each entry: {"request": fnmatch pattern over request names, "path": regex over JSON paths,
 #              "reason": "..."}, optionally "aphro" / "vllm_rs": regexes that must fullmatch
 # the value on that side as the report prints it (`<absent>`, `null`, JSON), so an entry covers
-# only the expected pair of values and a changed value still shows. `<status>` is the path of
+# only the expected pair of values and a changed value still shows; optionally "status": the
+# (aphro, vllm-rs) HTTP status pair the entry needs, which lets one entry cover a whole answer
+# (path ".") where one server renders and the other refuses. `<status>` is the path of
 # the HTTP status, `<bytes>` of a serialization-only difference (same JSON, different bytes: key
 # order, number spelling). Only differences where vLLM 0.33.0's Python server (the reference,
 # see docs/spec/api.md) answers as aphro does and vllm-rs deviates belong here; paths below
-# are relative to vllm/ in the wheel.
+# are relative to vllm/ in the wheel. The few places where aphro deviates from both on purpose
+# carry "deliberate": True and say why. "model" (an fnmatch pattern over the model spec)
+# limits an entry to some models. "gap": True marks what aphro does not do yet (a known gap,
+# listed in docs/render-compat.md and counted apart, not a deliberate difference).
 _CHAT_RENDER = "chat*/*"
 _COMPLETION_RENDER = "completion*/*"
 _NULL_FIELDS = r"(cache_salt|content_parts|ec_transfer_params|features|kv_transfer_params|reasoning_ended|reasoning_parser_kwargs|return_token_ids|stream_options|token_offsets)"
@@ -166,6 +171,207 @@ DOCUMENTED_DIFFERENCES = [
     {"request": "utility/unknown_route", "path": r"^<body>$", "aphro": r'"\{\\"detail\\":\\"Not Found\\"\}"', "vllm_rs": '""',
      "reason": "the Python server is a FastAPI app (entrypoints/launchers/app.py:build_app) with Starlette's default "
                "404 body {\"detail\":\"Not Found\"}; vllm-rs answers an empty body"},
+]
+
+# --- Python renders what vllm-rs refuses (and the reverse) ----------------------------------
+_STATUS_RENDERS = [
+    ("chat/continue_final_message_on_user",
+     "Python has no last-role check: transformers' apply_chat_template continues whichever message is last "
+     "(renderers/hf.py:safe_apply_chat_template); vllm-rs refuses a final message that is not the assistant's"),
+    ("chat/content_parts_empty_list",
+     "an empty part list renders as empty content (renderers/chat_utils/chat_message.py:parse_chat_message_content_parts, "
+     "\"\\n\".join of no texts); vllm-rs refuses empty content"),
+    ("chat/content_empty_string", "\"\" is a text part like any other (renderers/chat_utils/chat_message.py); vllm-rs refuses empty content"),
+    ("chat/content_null_user",
+     "content null becomes [] (renderers/chat_utils/chat_message.py: `if content is None: content = []`); vllm-rs refuses it"),
+    ("chat_invalid/text_part_missing_text",
+     "a text part without text is skipped with a warning (PART_TYPES_TO_SKIP_NONE_CONTENT, "
+     "renderers/chat_utils/chat_message.py:467); vllm-rs refuses it"),
+    ("chat/content_part_refusal",
+     "refusal parts are text (MM_PARSER_MAP[\"refusal\"], renderers/chat_utils/chat_message.py:116); vllm-rs refuses the part type"),
+    ("chat/n_and_seed",
+     "Python renders n > 1 (SamplingParams n up to VLLM_MAX_N_SEQUENCES = 16384, sampling_params.py:_verify_num_sequences); "
+     "vllm-rs takes only n = 1"),
+    ("completion/sampling", "Python renders n > 1 (sampling_params.py:_verify_num_sequences); vllm-rs takes only n = 1"),
+    ("chat/special_tokens_flags",
+     "Python takes spaces_between_special_tokens (entrypoints/openai/chat_completion/protocol.py:297, to_sampling_params); vllm-rs refuses it"),
+    ("chat_invalid/empty_messages",
+     "messages has no minimum length (entrypoints/openai/chat_completion/protocol.py:238) and this template renders an "
+     "empty conversation; vllm-rs refuses an empty list"),
+    ("chat_invalid/top_logprobs_too_many",
+     "the max_logprobs cap (20) is checked by the engine (sampling_params.py:_validate_logprobs, called from "
+     "v1/engine/input_processor.py), not by the render server; vllm-rs checks it at render"),
+    ("completion_invalid/logprobs_too_many",
+     "the max_logprobs cap (20) is checked by the engine (sampling_params.py:_validate_logprobs via "
+     "v1/engine/input_processor.py), not by the render server; vllm-rs checks it at render"),
+    ("completion_invalid/token_id_out_of_vocab",
+     "token ids are checked against the vocabulary by the engine (renderers/base.py:validate_token_ids, called from "
+     "v1/engine/input_processor.py:647), not at render; vllm-rs checks at render"),
+    ("completion/list_of_strings",
+     "a list of prompts is one GenerateRequest per prompt (entrypoints/openai/completion/protocol.py prompt type, "
+     "entrypoints/scale_out/render/serving.py:render_completion_request); vllm-rs takes a single prompt"),
+    ("completion/single_string_in_list", "a one-element prompt list is a prompt list (entrypoints/scale_out/render/serving.py:render_completion_request); vllm-rs takes a single prompt"),
+    ("completion/list_of_token_lists", "a list of token lists is one GenerateRequest each (entrypoints/scale_out/render/serving.py:render_completion_request); vllm-rs takes a single prompt"),
+    ("completion/request_id_header", "a prompt list is one GenerateRequest each, ids <X-Request-Id>-<i> (entrypoints/scale_out/render/serving.py:render_completion_request); vllm-rs takes a single prompt"),
+]
+DOCUMENTED_DIFFERENCES += [
+    {"request": name, "path": ".", "status": (200, 400), "reason": reason} for name, reason in _STATUS_RENDERS
+]
+DOCUMENTED_DIFFERENCES += [
+    {"request": "chat_invalid/max_tokens_over_context", "path": ".", "status": (400, 200),
+     "reason": "Python refuses max_tokens > max_model_len at render (renderers/params.py:TokenizeParams, \"cannot be greater than "
+               "max_model_len\"); vllm-rs renders it"},
+    # Deliberate: the template never reads what was sent, so it would be dropped without a word.
+    {"request": "chat/template_kwargs_*", "path": ".", "status": (400, 200), "deliberate": True,
+     "reason": "deliberate: a chat_template_kwargs key the template never reads is a 400 naming it; Python "
+               "(renderers/hf.py:resolve_chat_template_kwargs) and vllm-rs drop it silently"},
+    {"request": "chat/reasoning_effort", "path": ".", "status": (400, 200), "deliberate": True,
+     "reason": "deliberate: reasoning_effort on a template that never reads it is a 400; Python and vllm-rs drop it silently"},
+]
+
+# --- what Python puts in a rendered request that vllm-rs leaves out -------------------------
+DOCUMENTED_DIFFERENCES += [
+    {"request": "utility/models", "path": r"^\.data\[\d+\]\.root$", "model": "*aphro_model=*",
+     "reason": "root is the path each server loaded, and aphro_model= gives aphro another file of the model"},
+    {"request": "utility/models", "path": r"^\.data\[\d+\]\.permission$", "vllm_rs": "<absent>",
+     "reason": "Python's model card carries permission=[ModelPermission()] (entrypoints/openai/models/serving.py:73); vllm-rs has none"},
+    {"request": "chat/template_kwargs_add_generation_prompt", "path": r"^\.(token_ids|reasoning_parser_kwargs)$",
+     "reason": "the request's own add_generation_prompt (true) wins over chat_template_kwargs (merge_kwargs in "
+               "entrypoints/openai/chat_completion/protocol.py:build_chat_params), and reasoning_parser_kwargs is null "
+               "without a reasoning parser (render/serving.py:_reasoning_parser_kwargs); vllm-rs lets the kwarg win"},
+    {"request": "chat/content_parts_*", "path": r"^\.token_ids$",
+     "reason": "text parts are joined with \"\\n\" for string-format templates (renderers/chat_utils/chat_message.py:137); vllm-rs joins with \"\""},
+    {"request": "chat/stop_*", "path": r"^\.sampling_params\.(stop|include_stop_str_in_output|output_text_buffer_length)$",
+     "aphro": r".+", "vllm_rs": "<absent>",
+     "reason": "to_sampling_params passes stop and include_stop_str_in_output, and SamplingParams.__post_init__ sets "
+               "output_text_buffer_length = longest stop - 1 (sampling_params.py:601); vllm-rs drops stop strings"},
+    {"request": "chat/stream_with_options", "path": r"^\.stream_options\.continuous_usage_stats$", "aphro": "false", "vllm_rs": "null",
+     "reason": "StreamOptions.continuous_usage_stats defaults to False (entrypoints/generate/base/protocol.py:295)"},
+    {"request": "chat/passthrough_fields", "path": r"^\.sampling_params\.(extra_args|vllm_xargs)$",
+     "reason": "to_sampling_params passes vllm_xargs as SamplingParams.extra_args "
+               "(entrypoints/openai/chat_completion/protocol.py:783); vllm-rs writes a vllm_xargs key"},
+    {"request": "chat/include_reasoning_false", "path": r"^\.reasoning_ended$", "aphro": "true", "vllm_rs": "<absent>",
+     "reason": "resolve_reasoning_ended returns True when include_reasoning is false "
+               "(entrypoints/openai/chat_completion/protocol.py:624)"},
+    {"request": "chat/return_token_offsets", "path": r"^\.token_offsets$", "vllm_rs": "<absent>",
+     "reason": "return_token_offsets attaches prompt_token_offsets (renderers/base.py:619-641, copied by "
+               "render/serving.py:render_chat_request); vllm-rs has no offsets"},
+]
+
+# --- error bodies ---------------------------------------------------------------------------
+_ERROR_FIELDS = r"^\.error\.(message|param|type)$"
+DOCUMENTED_DIFFERENCES += [
+    # pydantic's structural errors, as FastAPI's RequestValidationError handler words them.
+    {"request": "*", "path": r"^\.error\.message$", "aphro": r'"\d+ validation errors?:\\n.*"',
+     "reason": "a structural error is Python's RequestValidationError body: \"N validation error(s):\" and pydantic's "
+               "error dicts (entrypoints/serve/exception_handling/handlers/validation.py:validation_exception_handler); "
+               "vllm-rs sends serde's message"},
+    {"request": "*", "path": r"^\.error\.param$", "aphro": r'"body(\.[^"]*)?"', "vllm_rs": "null",
+     "reason": "the structural error's param is its cleaned loc, e.g. body.messages.0.role "
+               "(handlers/validation.py:clean_loc_for_param)"},
+]
+_ERROR_SITES = [
+    ("chat/tools_auto", "online_renderer.py:render_chat: \"auto\" tool choice without a tool parser"),
+    ("chat/tools_default_choice", "online_renderer.py:render_chat: tools default to tool_choice \"auto\", which needs a tool parser"),
+    ("chat/tools_no_description", "online_renderer.py:render_chat: \"auto\" tool choice without a tool parser"),
+    ("chat/tools_parallel_false", "online_renderer.py:render_chat: \"auto\" tool choice without a tool parser"),
+    ("chat/tool_history*", "online_renderer.py:render_chat: \"auto\" tool choice without a tool parser"),
+    ("chat/tools_required", "online_renderer.py:render_chat: tool_choice=\"required\" without a tool parser"),
+    ("chat/tools_strict_flag", "online_renderer.py:render_chat: tool_choice=\"required\" without a tool parser"),
+    ("chat/tools_named", "online_renderer.py:render_chat: a named tool_choice without a tool parser"),
+    ("chat/tools_named_unknown", "chat_completion/protocol.py:check_tool_usage, parameter tool_choice"),
+    ("chat/tool_choice_without_tools", "chat_completion/protocol.py:check_tool_usage, parameter tool_choice"),
+    ("chat/structured_outputs_two_kinds", "chat_completion/protocol.py:check_structured_outputs_count, no parameter"),
+    ("chat/stream_options_without_stream", "chat_completion/protocol.py:validate_stream_options, parameter stream_options"),
+    ("chat_invalid/top_logprobs_without_logprobs", "chat_completion/protocol.py:check_logprobs, parameter top_logprobs"),
+    ("chat/max_tokens_zero", "sampling_params.py:_verify_args, parameter max_tokens"),
+    ("chat_invalid/max_tokens_negative", "sampling_params.py:_verify_args (pydantic's int accepts -1), parameter max_tokens"),
+    ("completion_invalid/max_tokens_negative", "sampling_params.py:_verify_args (pydantic's int accepts -3), parameter max_tokens"),
+    ("completion_invalid/prompt_fills_context", "get_max_tokens leaves 0, which sampling_params.py:_verify_args refuses"),
+    ("chat_invalid/temperature_negative", "sampling_params.py:_verify_args, parameter temperature"),
+    ("chat_invalid/top_p_zero", "sampling_params.py:_verify_args, parameter top_p"),
+    ("chat_invalid/top_k_negative", "sampling_params.py:_verify_args, no parameter"),
+    ("chat_invalid/n_zero", "sampling_params.py:_verify_num_sequences"),
+    ("*/over_length_*", "entrypoints/serve/utils/api_utils.py:get_max_tokens, a ValueError: no parameter"),
+    ("completion_invalid/truncate_over_max_model_len", "renderers/params.py:TokenizeParams, parameter truncate_prompt_tokens"),
+    ("*/beam_search", "entrypoints/scale_out/render/serving.py: \"Beam search is not supported by the render endpoint\""),
+    ("completion/suffix", "renderers/online_renderer.py:render_completion, parameter suffix"),
+    ("chat_invalid/unknown_content_part", "renderers/chat_utils/chat_message.py:550, parameter type"),
+    ("chat_invalid/image_part_text_model", "the multimodal registry refuses a text-only model (renderers/chat_utils/item_tracker.py:263)"),
+    ("completion/empty_string", "completion/protocol.py:validate_prompt_and_prompt_embeds refuses prompt \"\", parameter prompt"),
+    ("completion_invalid/missing_prompt", "completion/protocol.py:validate_prompt_and_prompt_embeds, parameter prompt"),
+    ("completion_invalid/empty_list", "renderers/base.py:render_prompts, parameter prompt"),
+    ("completion_invalid/empty_token_list_in_list", "entrypoints/scale_out/render/serving.py: \"No token_ids rendered\""),
+    ("completion_invalid/prompt_embeds", "renderers/embed_utils.py: prompt_embeds need --enable-prompt-embeds"),
+]
+DOCUMENTED_DIFFERENCES += [
+    {"request": name, "path": _ERROR_FIELDS, "status": (400, 400),
+     "reason": f"Python's own message, type and parameter for this check ({site}; a VLLMValidationError raised in a "
+               "request validator is not a ValueError, so it leaves pydantic and create_error_response makes it a "
+               "BadRequestError); vllm-rs words its own"}
+    for name, site in _ERROR_SITES
+]
+DOCUMENTED_DIFFERENCES += [
+    {"request": "completion_invalid/n_too_large", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
+     "reason": "deliberate: aphro caps n at --max-n (128 by default) where Python allows 16384 (VLLM_MAX_N_SEQUENCES); "
+               "vllm-rs takes only n = 1"},
+    {"request": "completion_invalid/negative_token_id", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
+     "reason": "deliberate: token ids are unsigned on aphro's wire, so a negative id is refused at render; Python "
+               "renders it and its engine refuses it (renderers/base.py:validate_token_ids)"},
+    {"request": "chat_invalid/seed_out_of_range", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
+     "reason": "deliberate: seed is a 64-bit integer, as the engine's generator takes it; Python's int has no bound"},
+    {"request": "chat/lone_surrogate_escape", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
+     "reason": "deliberate: a lone surrogate is not Unicode text and fails JSON decoding; Python's json.loads keeps it "
+               "in a str that the Rust tokenizer cannot take"},
+]
+
+# --- with parsers -----------------------------------------------------------------------------
+DOCUMENTED_DIFFERENCES += [
+    {"request": "chat*/*", "path": r"^\.(reasoning_ended|reasoning_parser_kwargs(\..*)?)$", "model": "*reasoning=*",
+     "reason": "with a reasoning parser Python sends reasoning_parser_kwargs = the effective template kwargs (the "
+               "server defaults such as cohere_format, add_generation_prompt, continue_final_message) and reasoning_ended "
+               "= the parser's is_reasoning_end on the prompt (render/serving.py:render_chat_request, "
+               "chat_completion/protocol.py:resolve_reasoning_ended); vllm-rs omits both"},
+    {"request": "chat*/*", "path": r"^\.sampling_params\.skip_special_tokens$", "aphro": "false", "vllm_rs": "<absent>",
+     "model": "*tool=hermes*",
+     "reason": "the hermes parser's adjust_request sets skip_special_tokens = False when tools are offered "
+               "(tool_parsers/hermes_tool_parser.py:67)"},
+    {"request": "chat/tool_history_invalid_arguments_json", "path": ".", "status": (200, 400),
+     "reason": "arguments that are not JSON become {} in the template's view (tool_arguments: invalid JSON -> {}, as "
+               "vLLM's chat_message parsing does); vllm-rs refuses the history"},
+    {"request": "completion/empty_string", "path": ".", "status": (400, 200),
+     "reason": "completion/protocol.py:validate_prompt_and_prompt_embeds refuses prompt \"\" before tokenizing; "
+               "vllm-rs renders the BOS token alone"},
+    {"request": "*/empty_messages", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
+     "reason": "deliberate: Python returns jinja2's own error for a template that cannot render no messages (e.g. "
+               "\"list object has no element 0\", renderers/hf.py:safe_apply_chat_template); aphro's template engine "
+               "words errors differently, so the message says what happened and names messages"},
+    {"request": "chat*/*", "path": _ERROR_FIELDS, "status": (400, 400), "model": "fixture:mistral7b_spm*",
+     "aphro": r'"As of transformers v4\.44, default chat template is no longer allowed.*"|"BadRequestError"|null',
+     "reason": "a tokenizer without a chat template: Python's ChatTemplateResolutionError (renderers/hf.py:"
+               "safe_apply_chat_template), raised before the checks vllm-rs fails first"},
+    {"request": "chat/template_kwargs_generic", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
+     "model": "fixture:gpt_oss*",
+     "reason": "deliberate: chat_template_kwargs the template never reads is a 400 naming them (see above); "
+               "vllm-rs maps enable_thinking=false to Harmony's reasoning_effort and refuses that"},
+]
+
+DOCUMENTED_DIFFERENCES += [
+    {"request": "chat*/*", "path": r"^\.reasoning_parser_kwargs$", "aphro": "null", "vllm_rs": r"\{.*\}",
+     "reason": "without a reasoning parser reasoning_parser_kwargs is None (render/serving.py:_reasoning_parser_kwargs); "
+               "vllm-rs fills it whenever the request has template kwargs"},
+]
+
+# --- known gaps -----------------------------------------------------------------------------
+DOCUMENTED_DIFFERENCES += [
+    {"request": "chat*/*", "path": r"^(\.sampling_params\.structured_outputs(\..*)?|\.reasoning_ended)$", "gap": True,
+     "reason": "structured outputs (issue 15): Python's tool and reasoning parsers turn tool_choice required/named and "
+               "response_format into a structural_tag (tool_parsers/abstract_tool_parser.py:adjust_request, "
+               "structural_tag_registry.py), with reasoning_ended true; aphro passes the request's own constraint"},
+    {"request": "*", "path": ".", "model": "fixture:gpt_oss*", "gap": True,
+     "reason": "gpt-oss: Python renders with openai-harmony (renderers/online_renderer.py, use_harmony), aphro with "
+               "the model's Jinja template; the ids agree except where the template fails or the two differ "
+               "(tools without a description, a request chat_template, continue_final_message, unknown roles)"},
 ]
 
 # --- fixture models --------------------------------------------------------------------------
@@ -608,15 +814,19 @@ def lenient(node, in_sampling=False):
     return out
 
 
-def documented(name, path, va=ABSENT, vb=ABSENT):
+def documented(name, path, va=ABSENT, vb=ABSENT, status=None, spec=""):
     for d in DOCUMENTED_DIFFERENCES:
         if not (fnmatch.fnmatchcase(name, d["request"]) and re.search(d["path"], path)):
+            continue
+        if "status" in d and tuple(d["status"]) != tuple(status or ()):
+            continue
+        if "model" in d and not fnmatch.fnmatchcase(spec, d["model"]):
             continue
         if "aphro" in d and not re.fullmatch(d["aphro"], fmt(va, width=1 << 30)):
             continue
         if "vllm_rs" in d and not re.fullmatch(d["vllm_rs"], fmt(vb, width=1 << 30)):
             continue
-        return d["reason"]
+        return ("known gap: " if d.get("gap") else "") + d["reason"]
     return None
 
 
@@ -709,7 +919,8 @@ def run_model(spec, args, corpus, log_root):
                     raise RuntimeError(f"{s.label} died on {entry['name']}:\n{s.log_tail()}")
             diffs = compare(res["aphro"], res["vllm-rs"], args.lenient)
             rows.append({"name": entry["name"], "status": (res["aphro"][0], res["vllm-rs"][0]),
-                         "diffs": [(p, va, vb, det, documented(entry["name"], p, va, vb)) for p, va, vb, det in diffs],
+                         "diffs": [(p, va, vb, det, documented(entry["name"], p, va, vb, (res["aphro"][0], res["vllm-rs"][0]), spec))
+                                   for p, va, vb, det in diffs],
                          "bodies": (res["aphro"][2], res["vllm-rs"][2]), "request": body})
         return {"spec": spec, "model": model, "argv": {"aphro": argv_a, "vllm-rs": argv_v},
                 "ready_s": t_ready, "total_s": time.time() - t0, "rows": rows, "log_dir": str(log_dir)}
@@ -723,7 +934,7 @@ def print_table(result, show_identical, width):
     nw = max([len(r["name"]) for r in rows] + [7])
     print(f"\n{'request':<{nw}}  aphro  vllm-rs  result")
     print(f"{'-' * nw}  -----  -------  {'-' * 40}")
-    n_same = n_doc = n_bad = 0
+    n_same = n_doc = n_bad = n_gap = 0
     for r in rows:
         sa, sv = r["status"]
         undoc = [d for d in r["diffs"] if d[4] is None]
@@ -734,6 +945,8 @@ def print_table(result, show_identical, width):
             continue
         if undoc:
             n_bad += 1
+        elif any(d[4].startswith("known gap: ") for d in r["diffs"]):
+            n_gap += 1
         else:
             n_doc += 1
         first = True
@@ -744,7 +957,7 @@ def print_table(result, show_identical, width):
             first = False
     print_summary(rows, width)
     print(f"\n{len(rows)} requests: {n_same} identical, {n_doc} with documented differences only, "
-          f"{n_bad} with undocumented differences; servers ready in {result['ready_s']:.1f}s, "
+          f"{n_gap} with known gaps, {n_bad} with undocumented differences; servers ready in {result['ready_s']:.1f}s, "
           f"run {result['total_s']:.1f}s")
     return n_bad
 
