@@ -239,6 +239,43 @@ def test_requests_vllm_refuses(client):
          "valid integer", "body.stop_token_ids.1")
 
 
+def test_validator_errors_are_vllms(client):
+    """Checks vLLM runs in its request validators: a BadRequestError whose message carries
+    the ` (parameter=...)` suffix, with that parameter."""
+    user = {"role": "user", "content": "hi"}
+    chat = client.chat.completions.create
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    body = _bad(lambda: chat(model=MODEL, messages=[user], tools=[tool], max_tokens=2,
+                             tool_choice={"type": "function", "function": {"name": "g"}}),
+                r"does not match any of the specified `tools` \(parameter=tool_choice\)$",
+                "tool_choice")
+    assert body["type"] == "BadRequestError"
+    _bad(lambda: chat(model=MODEL, messages=[user], max_tokens=2, tool_choice="required"),
+         r"When using `tool_choice`, `tools` must be set\. \(parameter=tool_choice\)$", "tool_choice")
+    _bad(lambda: chat(model=MODEL, messages=[user], max_tokens=2, top_logprobs=2),
+         r"`logprobs` must be set to true\. \(parameter=top_logprobs\)$", "top_logprobs")
+    _bad(lambda: chat(model=MODEL, messages=[user], max_tokens=2,
+                      stream_options={"include_usage": True}),
+         r"stream=True`\. \(parameter=stream_options\)$", "stream_options")
+    # continue_final_message: an explicit add_generation_prompt is the validator's refusal,
+    # the default one transformers'; with it off the last message is continued.
+    assistant = [user, {"role": "assistant", "content": "Hello"}]
+    _bad(lambda: chat(model=MODEL, messages=assistant, max_tokens=2,
+                      extra_body={"continue_final_message": True, "add_generation_prompt": True}),
+         "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", None)
+    _bad(lambda: chat(model=MODEL, messages=assistant, max_tokens=2,
+                      extra_body={"continue_final_message": True}),
+         "continue_final_message and add_generation_prompt are not compatible", None)
+    assert chat(model=MODEL, messages=assistant, max_tokens=2, extra_body={
+        "continue_final_message": True, "add_generation_prompt": False}).choices
+    complete = client.completions.create
+    _bad(lambda: complete(model=MODEL, prompt="", max_tokens=2),
+         r"Either prompt or prompt_embeds must be provided and non-empty\. \(parameter=prompt\)$",
+         "prompt")
+    _bad(lambda: complete(model=MODEL, prompt=[], max_tokens=2),
+         r"You must pass at least one prompt \(parameter=prompt\)$", "prompt")
+
+
 def test_suffix_and_truncation(client):
     complete = client.completions.create
     _bad(lambda: complete(model=MODEL, prompt="def f(", suffix="):", max_tokens=2),
