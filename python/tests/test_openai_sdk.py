@@ -2,6 +2,7 @@
 SDK: stop strings end completions and chats where vLLM ends them, streamed or not."""
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -242,6 +243,15 @@ def test_requests_vllm_refuses(client):
 def test_validator_errors_are_vllms(client):
     """Checks vLLM runs in its request validators: a BadRequestError whose message carries
     the ` (parameter=...)` suffix, with that parameter."""
+    def _bad(call, match, param):
+        # The message itself, anchored: the exception's text wraps the whole body.
+        with pytest.raises(openai.BadRequestError) as ei:
+            call()
+        body = ei.value.body
+        assert re.search(match, body["message"]), body
+        assert body["param"] == param, body
+        return body
+
     user = {"role": "user", "content": "hi"}
     chat = client.chat.completions.create
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
