@@ -13,11 +13,16 @@ use serde_json::Value;
 use std::convert::Infallible;
 
 pub fn event_bytes(value: &Value) -> Bytes {
-    let mut out = b"data: ".to_vec();
-    // serde_json never emits raw newlines inside a compact document.
-    out.extend(serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec()));
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    data_event(Vec::new(), value)
+}
+
+/// `head` then `data: <one-line JSON>\n\n`; serde_json never emits raw newlines inside a
+/// compact document, so the JSON is one line.
+fn data_event(mut head: Vec<u8>, value: &Value) -> Bytes {
+    head.extend_from_slice(b"data: ");
+    head.extend(serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec()));
+    head.extend_from_slice(b"\n\n");
+    Bytes::from(head)
 }
 
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -50,7 +55,12 @@ pub fn sse_response<S>(events: S) -> Response
 where
     S: Stream<Item = Result<Value, ApiError>> + Send + 'static,
 {
-    let mut resp = (StatusCode::OK, sse_body(events)).into_response();
+    event_stream_response(sse_body(events))
+}
+
+/// A 200 with an event-stream body and the headers every stream here sends.
+fn event_stream_response(body: Body) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -62,10 +72,7 @@ where
 
 /// One named event: `event: <name>\ndata: <one-line JSON>\n\n`.
 pub fn named_event_bytes(name: &str, value: &Value) -> Bytes {
-    let mut out = format!("event: {name}\ndata: ").into_bytes();
-    out.extend(serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec()));
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    data_event(format!("event: {name}\n").into_bytes(), value)
 }
 
 /// Named events as Anthropic's Messages stream and the Kobold stream frame them: no
@@ -91,14 +98,7 @@ where
             futures::future::ready(Some(bytes))
         })
         .map(Ok::<_, Infallible>);
-    let mut resp = (StatusCode::OK, Body::from_stream(framed)).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
+    event_stream_response(Body::from_stream(framed))
 }
 
 #[cfg(test)]
