@@ -155,7 +155,9 @@ fn mib(b: u64) -> f64 {
 }
 
 /// A maximal body on one route, six times: the peak RSS rise of a request against the body
-/// size, and whether memory comes back (after six, less than one body, or 16 MiB, stays).
+/// size, and whether memory comes back: what the last five leave on top of the first (less
+/// than one body, or 16 MiB). The first request pays the allocator's one-time growth of its
+/// arenas, which stays with any allocator and is no leak; a leak grows with every request.
 fn max_body(s: &Server, path: &str, body: Vec<u8>) -> Row {
     let pid = s.child.id();
     std::thread::sleep(Duration::from_millis(300));
@@ -177,29 +179,31 @@ fn max_body(s: &Server, path: &str, body: Vec<u8>) -> Row {
     }
     // The allocator hands pages back on its own schedule, later on a loaded machine: the
     // memory that stays is the lowest RSS seen over a few seconds of quiet, not one sample.
+    let warm = after[0];
     let mut settled = after[5];
     let quiet = Instant::now();
-    while settled.saturating_sub(start) >= size.max(16 << 20)
+    while settled.saturating_sub(warm) >= size.max(16 << 20)
         && quiet.elapsed() < Duration::from_secs(5)
     {
         std::thread::sleep(Duration::from_millis(250));
         settled = settled.min(mem(pid, "VmRSS:"));
     }
-    let growth = settled.saturating_sub(start);
+    let growth = settled.saturating_sub(warm);
     let ok = rise < 10 * size && growth < size.max(16 << 20);
     Row {
         attack: format!("{:.0} MiB body to {path} (x6)", mib(size)),
         measured: format!(
-            "HTTP {status} in <= {:.2} s; peak RSS +{:.0} MiB ({:.1}x body); RSS {:.0} -> {:.0} (3rd) -> {:.0} (6th) -> {:.0} MiB (settled)",
+            "HTTP {status} in <= {:.2} s; peak RSS +{:.0} MiB ({:.1}x body); RSS {:.0} -> {:.0} (1st) -> {:.0} (3rd) -> {:.0} (6th) -> {:.0} MiB (settled)",
             took.as_secs_f64(),
             mib(rise),
             rise as f64 / size as f64,
             mib(start),
+            mib(warm),
             mib(after[2]),
             mib(after[5]),
             mib(settled)
         ),
-        goal: "peak < 10x body; < max(body, 16 MiB) stays".into(),
+        goal: "peak < 10x body; < max(body, 16 MiB) stays after the 1st".into(),
         ok,
     }
 }
