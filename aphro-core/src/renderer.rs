@@ -478,9 +478,7 @@ impl Renderer {
         // Embeddings come first in vLLM's prompt list (renderers/online_renderer.py:
         // preprocess_completion), and each is refused without `--enable-prompt-embeds`
         // (renderers/embed_utils.py), which aphro does not have.
-        if matches!(&req.prompt_embeds, Some(Value::String(_)))
-            || matches!(&req.prompt_embeds, Some(Value::Array(a)) if !a.is_empty())
-        {
+        if has_prompt_embeds(req.prompt_embeds.as_ref()) {
             return Err(Error::for_param(
                 "You must set `--enable-prompt-embeds` to input `prompt_embeds`.",
                 "prompt_embeds",
@@ -1049,13 +1047,7 @@ fn validate_chat(req: &ChatCompletionRequest) -> Result<()> {
     }
     check_prompt_logprobs(req.prompt_logprobs, req.stream)?;
     if let Some(t) = req.top_logprobs {
-        if t < -1 {
-            return Err(Error::invalid_param(
-                "`top_logprobs` must be a positive value or -1.",
-                "top_logprobs",
-                t,
-            ));
-        }
+        check_logprob_count(t, "top_logprobs")?;
         if t != 0 && !req.logprobs {
             return Err(Error::for_param(
                 "when using `top_logprobs`, `logprobs` must be set to true.",
@@ -1211,14 +1203,28 @@ fn check_prompt_logprobs(prompt_logprobs: Option<i64>, stream: bool) -> Result<(
             "prompt_logprobs",
         ));
     }
-    if p < -1 {
+    check_logprob_count(p, "prompt_logprobs")
+}
+
+/// `logprobs`, `top_logprobs`, `prompt_logprobs`: a count, or -1 for all of the vocabulary.
+fn check_logprob_count(v: i64, param: &str) -> Result<()> {
+    if v < -1 {
         return Err(Error::invalid_param(
-            "`prompt_logprobs` must be a positive value or -1.",
-            "prompt_logprobs",
-            p,
+            format!("`{param}` must be a positive value or -1."),
+            param,
+            v,
         ));
     }
     Ok(())
+}
+
+/// `prompt_embeds` as vLLM's validators see it: anything but null or an empty list is given.
+fn has_prompt_embeds(embeds: Option<&Value>) -> bool {
+    match embeds {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    }
 }
 
 /// `validate_stream_options`.
@@ -1272,12 +1278,7 @@ fn validate_completion(req: &CompletionRequest) -> Result<()> {
         Some(PromptInput::Text(t)) => t.is_empty(),
         Some(_) => false,
     };
-    let embeds_is_empty = match &req.prompt_embeds {
-        None | Some(Value::Null) => true,
-        Some(Value::Array(a)) => a.is_empty(),
-        Some(_) => false,
-    };
-    if prompt_is_empty && embeds_is_empty {
+    if prompt_is_empty && !has_prompt_embeds(req.prompt_embeds.as_ref()) {
         return Err(Error::for_param(
             "Either prompt or prompt_embeds must be provided and non-empty.",
             "prompt",
@@ -1313,13 +1314,7 @@ fn validate_completion(req: &CompletionRequest) -> Result<()> {
     }
     check_prompt_logprobs(req.prompt_logprobs, req.stream)?;
     if let Some(l) = req.logprobs {
-        if l < -1 {
-            return Err(Error::invalid_param(
-                "`logprobs` must be a positive value or -1.",
-                "logprobs",
-                l,
-            ));
-        }
+        check_logprob_count(l, "logprobs")?;
     }
     check_structured_outputs_count(
         req.structured_outputs.as_ref(),

@@ -125,3 +125,32 @@ fn unknown_response_format_type_is_a_structural_400() {
         .expect("accepted");
     }
 }
+
+/// `prompt_embeds` of any shape needs `--enable-prompt-embeds`, which aphro does not have: a
+/// 400 naming it, also next to a prompt and whatever its type, never a render that ignores it.
+#[test]
+fn prompt_embeds_are_refused_in_any_shape() {
+    let model = Arc::new(
+        Model::load(&common::asset(common::SMOLLM2_GGUF).to_string_lossy()).expect("model"),
+    );
+    let r = Renderer::new(model, RenderOptions::default()).expect("renderer");
+    for embeds in [json!("AAAA"), json!(["AAAA"]), json!(5), json!({"x": 1})] {
+        let req = aphro_core::renderer::parse_completion_request(
+            &json!({"prompt": "hi", "prompt_embeds": embeds.clone()}),
+        )
+        .expect("structurally valid");
+        let err = r.render_completion(&req).expect_err("refused");
+        assert_eq!(
+            err.to_string(),
+            "You must set `--enable-prompt-embeds` to input `prompt_embeds`. \
+             (parameter=prompt_embeds)",
+            "{embeds}"
+        );
+    }
+    // An empty list is no embeddings.
+    let req = aphro_core::renderer::parse_completion_request(
+        &json!({"prompt": "hi", "prompt_embeds": []}),
+    )
+    .expect("structurally valid");
+    assert!(r.render_completion(&req).is_ok());
+}
