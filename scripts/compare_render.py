@@ -363,15 +363,26 @@ DOCUMENTED_DIFFERENCES += [
 ]
 
 # --- known gaps -----------------------------------------------------------------------------
+_HARMONY_GAP_REQUESTS = [
+    "chat/system_user", "chat/developer_role", "chat/system_user_assistant", "chat/multi_turn",
+    "chat/no_generation_prompt", "chat/special_token_text_in_content", "chat/continue_final_message",
+    "chat/request_chat_template", "chat/tools_*", "chat/tool_history*", "chat_invalid/unknown_role",
+]
+_STRUCTURAL_TAG_REQUESTS = ["chat/tools_required", "chat/tools_named", "chat/tools_strict_flag",
+                            "chat/response_format_*", "chat/structured_outputs_*"]
 DOCUMENTED_DIFFERENCES += [
-    {"request": "chat*/*", "path": r"^(\.sampling_params\.structured_outputs(\..*)?|\.reasoning_ended)$", "gap": True,
+    {"request": name, "path": r"^(\.sampling_params\.structured_outputs(\..*)?|\.reasoning_ended)$", "gap": True,
      "reason": "structured outputs (issue 15): Python's tool and reasoning parsers turn tool_choice required/named and "
                "response_format into a structural_tag (tool_parsers/abstract_tool_parser.py:adjust_request, "
-               "structural_tag_registry.py), with reasoning_ended true; aphro passes the request's own constraint"},
-    {"request": "*", "path": ".", "model": "fixture:gpt_oss*", "gap": True,
+               "structural_tag_registry.py), with reasoning_ended true; aphro passes the request's own constraint"}
+    for name in _STRUCTURAL_TAG_REQUESTS
+] + [
+    {"request": name, "path": ".", "model": "fixture:gpt_oss*", "gap": True,
      "reason": "gpt-oss: Python renders with openai-harmony (renderers/online_renderer.py, use_harmony), aphro with "
-               "the model's Jinja template; the ids agree except where the template fails or the two differ "
-               "(tools without a description, a request chat_template, continue_final_message, unknown roles)"},
+               "the model's Jinja template; the ids differ with system/developer messages and earlier turns, where "
+               "the template fails (a tool without a description) and where the paths disagree (a request "
+               "chat_template, continue_final_message, unknown roles)"}
+    for name in _HARMONY_GAP_REQUESTS
 ]
 
 # --- fixture models --------------------------------------------------------------------------
