@@ -30,6 +30,11 @@ use crate::tokenizer::Tokenizer;
 /// serving path, and no real schema comes near this.
 pub const MAX_CONSTRAINT_BYTES: usize = 256 * 1024;
 
+/// The whitespace a JSON constraint allows between tokens when the request sets no
+/// `whitespace_pattern`: flexible as vLLM's default (`whitespace_flexible`), but bounded, so
+/// a model cannot spend its whole budget on newlines inside an otherwise valid document.
+pub const DEFAULT_JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,32}";
+
 /// Compiled grammars kept per compiler (least recently compiled dropped first).
 const CACHE_ENTRIES: usize = 256;
 
@@ -70,9 +75,9 @@ impl Constraint {
 
     /// Read a wire `structured_outputs` object (already checked to name exactly one kind).
     pub fn from_structured_outputs(v: &Value) -> Result<Self> {
-        let obj = v.as_object().ok_or_else(|| {
-            Error::for_param("structured_outputs must be an object.", PARAM)
-        })?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| Error::for_param("structured_outputs must be an object.", PARAM))?;
         let size = v.to_string().len();
         if size > MAX_CONSTRAINT_BYTES {
             return Err(Error::for_param(
@@ -86,7 +91,10 @@ impl Constraint {
         let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
         let string = |k: &str, v: &Value| -> Result<String> {
             v.as_str().map(str::to_owned).ok_or_else(|| {
-                Error::for_param(format!("Invalid grammar specification: `{k}` must be a string."), PARAM)
+                Error::for_param(
+                    format!("Invalid grammar specification: `{k}` must be a string."),
+                    PARAM,
+                )
             })
         };
         let kind = if let Some(j) = get("json") {
@@ -112,7 +120,10 @@ impl Constraint {
             ConstraintKind::Regex(string("regex", r)?)
         } else if let Some(c) = get("choice") {
             let items = c.as_array().ok_or_else(|| {
-                Error::for_param("Invalid grammar specification: `choice` must be a list of strings.", PARAM)
+                Error::for_param(
+                    "Invalid grammar specification: `choice` must be a list of strings.",
+                    PARAM,
+                )
             })?;
             let choices = items
                 .iter()
@@ -159,13 +170,19 @@ impl Constraint {
             }
             ConstraintKind::Regex(rx) => TopLevelGrammar::from_regex(rx),
             ConstraintKind::Choice(choices) => {
-                let alts: Vec<String> = choices.iter().map(|c| Value::from(c.as_str()).to_string()).collect();
+                let alts: Vec<String> = choices
+                    .iter()
+                    .map(|c| Value::from(c.as_str()).to_string())
+                    .collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
             }
             ConstraintKind::Grammar(g) => {
                 let first = g.trim_start().chars().next();
                 if first.is_none() {
-                    return Err(Error::for_param("Grammar error: the grammar is empty.", PARAM));
+                    return Err(Error::for_param(
+                        "Grammar error: the grammar is empty.",
+                        PARAM,
+                    ));
                 }
                 if first == Some('{') {
                     TopLevelGrammar::from_lark_or_grammar_list(g).map_err(|e| {
@@ -192,9 +209,16 @@ impl Constraint {
         if let Value::Object(o) = &mut schema {
             if !o.contains_key("x-guidance") {
                 let mut opts = Map::new();
-                opts.insert("whitespace_flexible".into(), Value::Bool(!self.disable_any_whitespace));
-                if let Some(p) = &self.whitespace_pattern {
-                    opts.insert("whitespace_pattern".into(), Value::String(p.clone()));
+                opts.insert(
+                    "whitespace_flexible".into(),
+                    Value::Bool(!self.disable_any_whitespace),
+                );
+                if !self.disable_any_whitespace {
+                    let p = self
+                        .whitespace_pattern
+                        .as_deref()
+                        .unwrap_or(DEFAULT_JSON_WHITESPACE);
+                    opts.insert("whitespace_pattern".into(), Value::String(p.to_owned()));
                 }
                 o.insert("x-guidance".into(), Value::Object(opts));
             }
@@ -211,19 +235,44 @@ impl Constraint {
             ConstraintKind::Choice(c) => json!({"choice": c}),
             ConstraintKind::Grammar(g) => json!({"grammar": g}),
         };
-        json!([kind, self.disable_any_whitespace, self.disable_additional_properties, self.whitespace_pattern])
-            .to_string()
+        json!([
+            kind,
+            self.disable_any_whitespace,
+            self.disable_additional_properties,
+            self.whitespace_pattern
+        ])
+        .to_string()
     }
 }
 
 /// `_walk_json_for_additional_properties`: every (sub)schema with `properties` or
 /// `patternProperties` and no `additionalProperties` gets `additionalProperties: false`.
 fn close_objects(v: &mut Value) {
-    const MAPS: [&str; 6] = ["properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"];
+    const MAPS: [&str; 6] = [
+        "properties",
+        "patternProperties",
+        "$defs",
+        "definitions",
+        "dependentSchemas",
+        "dependencies",
+    ];
     const SUBS: [&str; 16] = [
-        "additionalProperties", "unevaluatedProperties", "propertyNames", "contains", "additionalItems",
-        "unevaluatedItems", "not", "if", "then", "else", "contentSchema", "items", "prefixItems", "allOf",
-        "anyOf", "oneOf",
+        "additionalProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+        "contains",
+        "additionalItems",
+        "unevaluatedItems",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contentSchema",
+        "items",
+        "prefixItems",
+        "allOf",
+        "anyOf",
+        "oneOf",
     ];
     match v {
         Value::Object(o) => {
@@ -249,7 +298,10 @@ fn close_objects(v: &mut Value) {
                 o.insert("additionalProperties".into(), Value::Bool(false));
             }
         }
-        Value::Array(items) => items.iter_mut().filter(|i| i.is_object()).for_each(close_objects),
+        Value::Array(items) => items
+            .iter_mut()
+            .filter(|i| i.is_object())
+            .for_each(close_objects),
         _ => {}
     }
 }
@@ -279,7 +331,11 @@ pub fn gbnf_to_lark(src: &str) -> std::result::Result<String, String> {
     let mut toks = Vec::new();
     let mut i = 0;
     let err_at = |i: usize, m: &str| {
-        let line = chars[..i.min(chars.len())].iter().filter(|&&c| c == '\n').count() + 1;
+        let line = chars[..i.min(chars.len())]
+            .iter()
+            .filter(|&&c| c == '\n')
+            .count()
+            + 1;
         format!("GBNF line {line}: {m}")
     };
     while i < chars.len() {
@@ -295,7 +351,9 @@ pub fn gbnf_to_lark(src: &str) -> std::result::Result<String, String> {
             i += 3;
         } else if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
             let start = i;
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == '-') {
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == '-')
+            {
                 i += 1;
             }
             toks.push(Tok::Name(chars[start..i].iter().collect()));
@@ -310,7 +368,8 @@ pub fn gbnf_to_lark(src: &str) -> std::result::Result<String, String> {
                         break;
                     }
                     Some('\\') => {
-                        let (ch, n) = gbnf_escape(&chars, i).ok_or_else(|| err_at(i, "bad escape"))?;
+                        let (ch, n) =
+                            gbnf_escape(&chars, i).ok_or_else(|| err_at(i, "bad escape"))?;
                         s.push(ch);
                         i += n;
                     }
@@ -327,12 +386,13 @@ pub fn gbnf_to_lark(src: &str) -> std::result::Result<String, String> {
             loop {
                 match chars.get(i) {
                     None => return Err(err_at(i, "unterminated character class")),
-                    Some(']') if !s.is_empty() && !(s == "^") => {
+                    Some(']') if !s.is_empty() && s != "^" => {
                         i += 1;
                         break;
                     }
                     Some('\\') => {
-                        let (ch, n) = gbnf_escape(&chars, i).ok_or_else(|| err_at(i, "bad escape"))?;
+                        let (ch, n) =
+                            gbnf_escape(&chars, i).ok_or_else(|| err_at(i, "bad escape"))?;
                         s.push_str(&regex_char(ch));
                         i += n;
                     }
@@ -359,7 +419,10 @@ pub fn gbnf_to_lark(src: &str) -> std::result::Result<String, String> {
                 return Err(err_at(start, "unterminated repetition"));
             }
             i += 1;
-            let rep: String = chars[start..i].iter().filter(|c| !c.is_whitespace()).collect();
+            let rep: String = chars[start..i]
+                .iter()
+                .filter(|c| !c.is_whitespace())
+                .collect();
             toks.push(Tok::Punct(rep));
         } else if "()|*+?".contains(c) {
             toks.push(Tok::Punct(c.to_string()));
@@ -398,16 +461,26 @@ pub fn gbnf_to_lark(src: &str) -> std::result::Result<String, String> {
     let mut out = String::new();
     let mut j = 0;
     while j < toks.len() {
-        let is_rule_start = matches!((&toks[j], toks.get(j + 1)), (Tok::Name(_), Some(Tok::Define)));
+        let is_rule_start = matches!(
+            (&toks[j], toks.get(j + 1)),
+            (Tok::Name(_), Some(Tok::Define))
+        );
         if !is_rule_start {
             return Err(format!("GBNF: expected `name ::=`, found {:?}", toks[j]));
         }
-        let Tok::Name(n) = &toks[j] else { unreachable!() };
+        let Tok::Name(n) = &toks[j] else {
+            unreachable!()
+        };
         out.push_str(&names[n]);
         out.push(':');
         j += 2;
         let mut empty = true;
-        while j < toks.len() && !matches!((&toks[j], toks.get(j + 1)), (Tok::Name(_), Some(Tok::Define))) {
+        while j < toks.len()
+            && !matches!(
+                (&toks[j], toks.get(j + 1)),
+                (Tok::Name(_), Some(Tok::Define))
+            )
+        {
             out.push(' ');
             empty = false;
             match &toks[j] {
@@ -509,7 +582,9 @@ impl GrammarMatcher {
 
     /// Advance by the sampled token.
     pub fn consume(&mut self, token: u32) -> std::result::Result<(), String> {
-        self.matcher.consume_token(token as TokenId).map_err(|e| e.to_string())
+        self.matcher
+            .consume_token(token as TokenId)
+            .map_err(|e| e.to_string())
     }
 
     /// True once the grammar allows nothing but EOS.
@@ -534,7 +609,9 @@ impl Clone for GrammarMatcher {
 
 impl std::fmt::Debug for GrammarMatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GrammarMatcher").field("grammar", &self.key).finish()
+        f.debug_struct("GrammarMatcher")
+            .field("grammar", &self.key)
+            .finish()
     }
 }
 
@@ -589,7 +666,12 @@ fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>> {
                 }
             }
             Some("Sequence") => {
-                for d in d.get("decoders").and_then(Value::as_array).into_iter().flatten() {
+                for d in d
+                    .get("decoders")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     scan(d, bl, bf, space);
                 }
             }
@@ -624,12 +706,17 @@ fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>> {
             let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
             b.extend_from_slice(name.as_bytes());
             b
-        } else if byte_fallback && name.len() == 6 && name.starts_with("<0x") && name.ends_with('>') {
+        } else if byte_fallback && name.len() == 6 && name.starts_with("<0x") && name.ends_with('>')
+        {
             vec![u8::from_str_radix(&name[3..5], 16).unwrap_or(0)]
         } else if byte_fallback {
             name.replace(space, " ").into_bytes()
         } else {
-            match name.chars().map(|c| char_map.get(&c).copied()).collect::<Option<Vec<u8>>>() {
+            match name
+                .chars()
+                .map(|c| char_map.get(&c).copied())
+                .collect::<Option<Vec<u8>>>()
+            {
                 Some(b) => b,
                 // An added (non-special) token written as plain text.
                 None => name.into_bytes(),
@@ -672,7 +759,11 @@ impl std::fmt::Debug for GrammarCompiler {
 impl GrammarCompiler {
     /// `vocab_size` is the model's logits width (at least the tokenizer's); `eos_token_ids`
     /// are the ids a complete grammar allows (the model's EOS list).
-    pub fn new(tokenizer: Arc<Tokenizer>, vocab_size: usize, eos_token_ids: &[u32]) -> Result<Self> {
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        vocab_size: usize,
+        eos_token_ids: &[u32],
+    ) -> Result<Self> {
         let words = token_bytes(&tokenizer, vocab_size)?;
         let eos = eos_token_ids.first().copied().unwrap_or(0);
         let info = TokRxInfo::new(words.len() as u32, eos);
@@ -686,7 +777,9 @@ impl GrammarCompiler {
             Default::default(),
             &SlicedBiasComputer::general_slices(),
         )
-        .map_err(|e| Error::bad_request(format!("building the structured-outputs token trie: {e}")))?;
+        .map_err(|e| {
+            Error::bad_request(format!("building the structured-outputs token trie: {e}"))
+        })?;
         factory.quiet();
         *factory.limits_mut() = ParserLimits {
             verbose_errors: false,
@@ -712,7 +805,10 @@ impl GrammarCompiler {
         let parser = self.factory.create_parser(grammar);
         let matcher = Matcher::new(parser);
         if let Some(e) = matcher.get_error() {
-            return Err(Error::for_param(format!("Grammar error: {}", first_line(&e)), PARAM));
+            return Err(Error::for_param(
+                format!("Grammar error: {}", first_line(&e)),
+                PARAM,
+            ));
         }
         let mut cache = self.lock();
         if cache.0.len() >= CACHE_ENTRIES {
@@ -757,14 +853,20 @@ mod tests {
         let lark = gbnf_to_lark(
             "root ::= answer-word (\" \" answer-word)*\n# comment\nanswer-word ::= [a-z]+ | \"n/a\"\n",
         )
-        .unwrap();
+        .expect("valid");
         assert_eq!(
             lark,
             "start: r_answer_word ( \" \" r_answer_word ) *\nr_answer_word: /[a-z]/ + | \"n/a\"\n"
         );
-        assert!(gbnf_to_lark("x ::= \"a\"").unwrap_err().contains("root"));
-        assert!(gbnf_to_lark("root ::= missing").unwrap_err().contains("missing"));
-        assert!(gbnf_to_lark("root ::= \"a").unwrap_err().contains("unterminated"));
+        assert!(gbnf_to_lark("x ::= \"a\"")
+            .expect_err("refused")
+            .contains("root"));
+        assert!(gbnf_to_lark("root ::= missing")
+            .expect_err("refused")
+            .contains("missing"));
+        assert!(gbnf_to_lark("root ::= \"a")
+            .expect_err("refused")
+            .contains("unterminated"));
     }
 
     #[test]
@@ -779,15 +881,19 @@ mod tests {
 
     #[test]
     fn wire_object_is_read_and_refused_clearly() {
-        let c = Constraint::from_structured_outputs(&json!({"json": "{\"type\": \"string\"}", "disable_any_whitespace": true})).unwrap();
+        let c = Constraint::from_structured_outputs(
+            &json!({"json": "{\"type\": \"string\"}", "disable_any_whitespace": true}),
+        )
+        .expect("valid");
         assert_eq!(c.kind, ConstraintKind::Json(json!({"type": "string"})));
         assert!(c.disable_any_whitespace);
-        let e = Constraint::from_structured_outputs(&json!({"json": "{not json"})).unwrap_err();
+        let e = Constraint::from_structured_outputs(&json!({"json": "{not json"}))
+            .expect_err("refused");
         assert!(e.to_string().contains("not valid JSON"), "{e}");
-        let e = Constraint::from_structured_outputs(&json!({"choice": []})).unwrap_err();
+        let e = Constraint::from_structured_outputs(&json!({"choice": []})).expect_err("refused");
         assert!(e.to_string().contains("at least one"), "{e}");
         let big = "a".repeat(MAX_CONSTRAINT_BYTES);
-        let e = Constraint::from_structured_outputs(&json!({"regex": big})).unwrap_err();
+        let e = Constraint::from_structured_outputs(&json!({"regex": big})).expect_err("refused");
         assert!(e.to_string().contains("this server accepts at most"), "{e}");
         assert_eq!(e.param(), Some("structured_outputs"));
     }

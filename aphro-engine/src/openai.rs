@@ -52,28 +52,33 @@ fn refuse(param: &str, what: &str) -> aphro_core::Error {
 /// vLLM's, they only carry these fields into `sampling_params` for whichever engine runs
 /// next.
 pub fn check_supported(body: &Value) -> Result<(), aphro_core::Error> {
+    // vLLM dropped the `guided_*` fields (0.33 ignores them); ignoring a constraint would
+    // hand back unconstrained text, so they are refused with the field to use instead.
     for key in [
-        "structured_outputs",
         "guided_json",
         "guided_regex",
         "guided_choice",
         "guided_grammar",
-        "guided_decoding_backend",
     ] {
         if is_set(body.get(key)) {
-            return Err(refuse(key, "Structured output (guided decoding)"));
-        }
-    }
-    if let Some(kind) = body
-        .pointer("/response_format/type")
-        .and_then(Value::as_str)
-    {
-        if kind != "text" {
-            return Err(refuse(
-                "response_format",
-                &format!("response_format type '{kind}'"),
+            return Err(aphro_core::Error::for_param(
+                format!(
+                    "{key} is no longer accepted; use structured_outputs.{} instead.",
+                    &key["guided_".len()..]
+                ),
+                key,
             ));
         }
+    }
+    if body
+        .pointer("/response_format/type")
+        .and_then(Value::as_str)
+        == Some("structural_tag")
+    {
+        return Err(refuse(
+            "response_format",
+            "response_format type 'structural_tag'",
+        ));
     }
     for key in [
         "logprob_token_ids",
@@ -717,17 +722,19 @@ mod tests {
             &json!({"messages": [], "response_format": {"type": "text"}, "logprob_token_ids": null})
         )
         .is_ok());
-        let e = check_supported(&json!({"response_format": {"type": "json_schema"}}))
-            .expect_err("must be refused");
-        assert_eq!((e.status(), e.param()), (400, Some("response_format")));
+        for body in [
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            json!({"structured_outputs": {"json": {}}}),
+        ] {
+            assert!(check_supported(&body).is_ok(), "{body}");
+        }
+        let e = check_supported(&json!({"guided_regex": "a+"})).expect_err("must be refused");
+        assert_eq!(e.param(), Some("guided_regex"));
         assert_eq!(
             e.to_string(),
-            "response_format type 'json_schema' is not supported by this server yet. \
-             (parameter=response_format)"
+            "guided_regex is no longer accepted; use structured_outputs.regex instead. \
+             (parameter=guided_regex)"
         );
-        let e = check_supported(&json!({"structured_outputs": {"json": {}}}))
-            .expect_err("must be refused");
-        assert_eq!(e.param(), Some("structured_outputs"));
         assert_eq!(e.error_type(), "BadRequestError");
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::HashSet;
 
+pub use aphro_core::structured::{GrammarMatcher, TokenMask};
+
 use aphro_core::protocol::{verify_greedy, verify_sampling_args, SamplingArgError, SamplingArgs};
 pub use aphro_core::protocol::{MAX_N_SEQUENCES, SAMPLING_EPS};
 
@@ -41,6 +43,8 @@ pub struct SamplingConfig {
     /// Additive biases, clamped to [-100, 100].
     pub logit_bias: Vec<(u32, f64)>,
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// Structured outputs: the compiled constraint, fresh (each choice advances its own copy).
+    pub grammar: Option<GrammarMatcher>,
 }
 
 impl Default for SamplingConfig {
@@ -64,6 +68,7 @@ impl Default for SamplingConfig {
             prompt_logprobs: None,
             logit_bias: Vec::new(),
             allowed_token_ids: None,
+            grammar: None,
         }
     }
 }

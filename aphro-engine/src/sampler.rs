@@ -9,7 +9,7 @@
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
-use crate::request::{Logprob, PositionLogprobs, SamplingPlan};
+use crate::request::{Logprob, PositionLogprobs, SamplingPlan, TokenMask};
 
 /// A per-sequence random stream. Each random (non-greedy) token consumes exactly one draw,
 /// so a seeded sequence samples the same tokens whatever else shares its batch.
@@ -44,6 +44,8 @@ pub struct SampleInput<'a> {
     pub plan: &'a SamplingPlan,
     pub prompt: &'a [u32],
     pub output: &'a [u32],
+    /// Structured outputs: the tokens the grammar allows here.
+    pub grammar_mask: Option<&'a TokenMask>,
 }
 
 /// The sampled token and, when requested, its logprobs.
@@ -66,6 +68,9 @@ pub fn sample(
     l.clear();
     l.extend_from_slice(row);
 
+    if let Some(mask) = input.grammar_mask {
+        mask.apply(l);
+    }
     if let Some(allowed) = &plan.allowed_token_ids {
         let marks = &mut scratch.marks;
         marks.clear();
@@ -108,6 +113,15 @@ pub fn sample(
             *x *= inv_t;
         }
         sample_random(l, plan, rng, &mut scratch.order)
+    };
+    // Every token the grammar allows was masked by another rule (min_tokens, bad words,
+    // allowed ids): nothing valid remains, so the sequence ends rather than break the grammar.
+    let token_id = match input.grammar_mask {
+        Some(m) if !m.is_allowed(token_id) => plan
+            .eos_token_id
+            .or_else(|| plan.all_stop_token_ids.first().copied())
+            .unwrap_or(token_id),
+        _ => token_id,
     };
     let logprobs = plan
         .logprobs
@@ -327,6 +341,7 @@ mod tests {
             plan: &p,
             prompt: &[1],
             output,
+            grammar_mask: None,
         };
         sample(
             row,

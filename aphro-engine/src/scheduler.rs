@@ -22,8 +22,8 @@ use std::time::Instant;
 use crate::kv::{BlockManager, SeqBlocks};
 use crate::metrics::MetricsSnapshot;
 use crate::request::{
-    EngineOutput, EngineRequest, FinishReason, PositionLogprobs, SamplingPlan, Usage,
-    ValidationError, ValidationLimits,
+    EngineOutput, EngineRequest, FinishReason, GrammarMatcher, PositionLogprobs, SamplingPlan,
+    TokenMask, Usage, ValidationError, ValidationLimits,
 };
 use crate::runner::{BatchInput, LogitsWanted, ModelRunner, RunnerError, SeqInput};
 use crate::sampler::{self, SampleInput, SamplerScratch, SeqRng};
@@ -93,6 +93,8 @@ struct Seq {
     /// Prompt logprobs still to compute (only on the first prefill, never after preemption).
     wants_prompt_logprobs: bool,
     last_token_at: Option<Instant>,
+    /// Structured outputs: this choice's place in its grammar.
+    grammar: Option<GrammarMatcher>,
 }
 
 impl Seq {
@@ -231,6 +233,7 @@ impl EngineCore {
             rng: SeqRng::from_seed(choice_seeds[0]),
             wants_prompt_logprobs: plan.prompt_logprobs.is_some(),
             last_token_at: None,
+            grammar: req.sampling.grammar.clone(),
         };
         self.metrics.prompt_tokens_total += req.prompt_token_ids.len() as u64;
         let request = Request {
@@ -501,7 +504,45 @@ impl EngineCore {
         if !copies.is_empty() {
             self.runner.copy_blocks(&copies)?;
         }
-        let logits = self.runner.execute(&batch)?;
+        // Grammar masks for the sequences that sample this step are computed on another
+        // thread while the model runs (vLLM overlaps its bitmask with the forward pass too).
+        let mut grammars: Vec<(u64, GrammarMatcher)> = scheduled
+            .iter()
+            .filter(|s| s.sample)
+            .filter_map(|s| {
+                let g = self.seqs.get_mut(&s.seq_id)?.grammar.take()?;
+                Some((s.seq_id, g))
+            })
+            .collect();
+        let runner = &mut self.runner;
+        let (logits, masks) = std::thread::scope(|scope| {
+            let masking = (!grammars.is_empty()).then(|| {
+                scope.spawn(|| {
+                    grammars
+                        .iter_mut()
+                        .map(|(id, g)| (*id, g.compute_mask()))
+                        .collect::<Vec<_>>()
+                })
+            });
+            let logits = runner.execute(&batch);
+            let masks = masking.map(|h| h.join());
+            (logits, masks)
+        });
+        for (id, g) in grammars {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.grammar = Some(g);
+            }
+        }
+        let masks: HashMap<u64, Option<TokenMask>> = match masks {
+            None => HashMap::new(),
+            Some(Ok(m)) => m.into_iter().map(|(id, r)| (id, r.ok())).collect(),
+            Some(Err(_)) => {
+                return Err(RunnerError::Backend(
+                    "the grammar mask thread panicked".into(),
+                ))
+            }
+        };
+        let logits = logits?;
         self.check_logits(&scheduled, &logits)?;
         self.metrics.steps += 1;
         let step_tokens: usize = scheduled.iter().map(|s| s.num_tokens).sum();
@@ -509,7 +550,8 @@ impl EngineCore {
 
         let mut outs = Vec::new();
         for (s, l) in scheduled.iter().zip(&logits) {
-            self.process(s, &l.data, &mut outs);
+            let mask = masks.get(&s.seq_id);
+            self.process(s, &l.data, mask, &mut outs);
         }
         self.refresh_gauges();
         Ok(outs)
@@ -552,7 +594,14 @@ impl EngineCore {
         Ok(())
     }
 
-    fn process(&mut self, s: &Scheduled, data: &[f32], outs: &mut Vec<EngineOutput>) {
+    /// `mask`: `Some` for a constrained sequence (`Some(None)` when its grammar failed).
+    fn process(
+        &mut self,
+        s: &Scheduled,
+        data: &[f32],
+        mask: Option<&Option<TokenMask>>,
+        outs: &mut Vec<EngineOutput>,
+    ) {
         let vocab = self.vocab_size;
         let Some(seq) = self.seqs.get_mut(&s.seq_id) else {
             return;
@@ -609,6 +658,7 @@ impl EngineCore {
                     rng: SeqRng::from_seed(self.requests[&request_id].choice_seeds[choice]),
                     wants_prompt_logprobs: false,
                     last_token_at: None,
+                    grammar: seq.grammar.clone(),
                 };
                 let id = self.alloc_seq_id();
                 let blocks = self.kv.fork(&self.seqs[&s.seq_id].blocks);
@@ -621,11 +671,17 @@ impl EngineCore {
             }
         }
         for id in members {
-            self.sample_and_emit(id, row, outs);
+            self.sample_and_emit(id, row, mask, outs);
         }
     }
 
-    fn sample_and_emit(&mut self, seq_id: u64, row: &[f32], outs: &mut Vec<EngineOutput>) {
+    fn sample_and_emit(
+        &mut self,
+        seq_id: u64,
+        row: &[f32],
+        mask: Option<&Option<TokenMask>>,
+        outs: &mut Vec<EngineOutput>,
+    ) {
         let Some(seq) = self.seqs.get_mut(&seq_id) else {
             return;
         };
@@ -633,13 +689,31 @@ impl EngineCore {
             return;
         };
         let (prompt, output) = seq.tokens.split_at(req.prompt_len);
+        // A grammar in an error state allows only EOS, as llguidance's own fallback does.
+        let eos_only = mask.is_some_and(Option::is_none);
         let input = SampleInput {
             plan: &req.plan,
             prompt,
             output,
+            grammar_mask: mask.and_then(Option::as_ref),
         };
-        let sampled = sampler::sample(row, &input, &mut seq.rng, &mut self.scratch);
+        let mut sampled = sampler::sample(row, &input, &mut seq.rng, &mut self.scratch);
+        if eos_only {
+            if let Some(eos) =
+                req.plan
+                    .eos_token_id
+                    .or(req.plan.all_stop_token_ids.first().copied())
+            {
+                sampled.token_id = eos;
+            }
+        }
         let tok = sampled.token_id;
+        let mut grammar_broke = eos_only;
+        if let Some(g) = seq.grammar.as_mut() {
+            if !g.is_stopped() && g.consume(tok).is_err() {
+                grammar_broke = true;
+            }
+        }
         seq.tokens.push(tok);
         let n_out = seq.output_len(req.prompt_len);
         self.metrics.generation_tokens_total += 1;
@@ -669,6 +743,8 @@ impl EngineCore {
             (Some(FinishReason::Stop), Some(tok))
         } else if n_out >= plan.max_tokens || seq.tokens.len() >= self.cfg.max_model_len {
             (Some(FinishReason::Length), None)
+        } else if grammar_broke {
+            (Some(FinishReason::Stop), None)
         } else {
             (None, None)
         };

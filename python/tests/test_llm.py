@@ -92,8 +92,8 @@ def test_errors_and_early_close(llm):
     with pytest.raises(aphro.NotFoundError):
         llm.chat(dict(CHAT, model="other"))
     with pytest.raises(aphro.BadRequestError) as e:
-        llm.chat(dict(CHAT, response_format={"type": "json_schema"}))
-    assert e.value.param == "response_format"
+        llm.chat(dict(CHAT, structured_outputs={"regex": "(unclosed"}))
+    assert e.value.param == "structured_outputs"
     stream = llm.chat_stream(dict(CHAT, stream=True, max_tokens=200))
     next(stream)
     stream.close()

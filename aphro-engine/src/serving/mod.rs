@@ -18,6 +18,7 @@
 
 pub mod text;
 
+use aphro_core::structured::{Constraint, GrammarCompiler, GrammarMatcher};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -307,6 +308,9 @@ pub struct ServingEngine {
     /// abort by the wire id reaches all of them.
     in_flight: Arc<InFlight>,
     next_serial: std::sync::atomic::AtomicU64,
+    /// Structured outputs: built on the first constrained request (a token trie over the
+    /// whole vocabulary costs tens of milliseconds; servers that never see one skip it).
+    grammar_compiler: std::sync::OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 type InFlight = Mutex<HashMap<String, Vec<String>>>;
@@ -468,6 +472,7 @@ impl ServingEngine {
             limits: cfg.limits,
             in_flight: Arc::default(),
             next_serial: Default::default(),
+            grammar_compiler: std::sync::OnceLock::new(),
         })
     }
 
@@ -725,7 +730,6 @@ impl ServingEngine {
                 "prompt_logprob_token_ids",
                 sp.prompt_logprob_token_ids.is_some(),
             ),
-            ("structured_outputs", sp.structured_outputs.is_some()),
             ("thinking_token_budget", sp.thinking_token_budget.is_some()),
             (
                 "repetition_detection",
@@ -932,7 +936,40 @@ impl ServingEngine {
             prompt_logprobs: sp.prompt_logprobs,
             logit_bias,
             allowed_token_ids,
+            grammar: match &sp.structured_outputs {
+                Some(so) => Some(self.compile_constraint(so)?),
+                None => None,
+            },
         })
+    }
+
+    /// A request's `structured_outputs` compiled for this model; a constraint that cannot
+    /// compile is a 400 naming `structured_outputs`.
+    fn compile_constraint(&self, so: &serde_json::Value) -> Result<GrammarMatcher, ServingError> {
+        let constraint = Constraint::from_structured_outputs(so)?;
+        let Some(tok) = &self.tokenizer else {
+            return Err(ServingError::bad_request(
+                "structured_outputs need the model's tokenizer, which this server does not load \
+                 (--tokens-only or --skip-tokenizer-init).",
+            ));
+        };
+        let compiler = self.grammar_compiler.get_or_init(|| {
+            let info = self.engine.model_info();
+            let mut eos = info.eos_token_ids.clone();
+            eos.extend(
+                self.extra_eos
+                    .iter()
+                    .copied()
+                    .filter(|e| !info.eos_token_ids.contains(e)),
+            );
+            GrammarCompiler::new(Arc::clone(tok), info.vocab_size, &eos)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        let compiler = compiler
+            .as_ref()
+            .map_err(|e| ServingError::bad_request(e.clone()))?;
+        Ok(compiler.compile(&constraint)?)
     }
 }
 
