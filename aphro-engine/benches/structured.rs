@@ -20,8 +20,15 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.assets")));
     let path = assets.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(path.exists(), "{} missing: run scripts/fetch_assets.py", path.display());
-    let decode: usize = std::env::var("APHRO_BENCH_DECODE").ok().and_then(|v| v.parse().ok()).unwrap_or(96);
+    assert!(
+        path.exists(),
+        "{} missing: run scripts/fetch_assets.py",
+        path.display()
+    );
+    let decode: usize = std::env::var("APHRO_BENCH_DECODE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(96);
     let engine = Arc::new(
         ServingEngine::new(ServingConfig {
             model: path.to_string_lossy().into_owned(),
@@ -38,7 +45,8 @@ fn main() {
     let prompt = tok
         .encode("<|im_start|>user\nList many short city names as a JSON array.<|im_end|>\n<|im_start|>assistant\n", false)
         .expect("encodes");
-    let schema = json!({"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 500});
+    let schema =
+        json!({"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 500});
 
     let run = |batch: usize, constrained: bool| -> (f64, Vec<Vec<u32>>) {
         let reqs: Vec<_> = (0..batch)
@@ -56,9 +64,16 @@ fn main() {
             async move { e.generate_full(r, None).await.expect("generates") }
         })));
         let secs = t.elapsed().as_secs_f64();
-        let ids: Vec<Vec<u32>> = outs.iter().map(|o| o.choices[0].token_ids.clone().unwrap_or_default()).collect();
+        let ids: Vec<Vec<u32>> = outs
+            .iter()
+            .map(|o| o.choices[0].token_ids.clone().unwrap_or_default())
+            .collect();
         let total: usize = ids.iter().map(Vec::len).sum();
-        assert_eq!(total, batch * decode, "every sequence decodes the whole budget");
+        assert_eq!(
+            total,
+            batch * decode,
+            "every sequence decodes the whole budget"
+        );
         (total as f64 / secs, ids)
     };
     // Warm-up (first grammar compile, caches).
@@ -72,12 +87,16 @@ fn main() {
         let (free, _) = run(batch, false);
         let (constrained, ids) = run(batch, true);
         sample_output = ids;
-        println!("| {batch} | {free:.1} | {constrained:.1} | {:.3} |", constrained / free);
+        println!(
+            "| {batch} | {free:.1} | {constrained:.1} | {:.3} |",
+            constrained / free
+        );
     }
 
     // Mask time: replay one constrained output through a fresh matcher.
     let info = engine.engine().model_info();
-    let compiler = GrammarCompiler::new(Arc::clone(&tok), info.vocab_size, &info.eos_token_ids).expect("trie");
+    let compiler =
+        GrammarCompiler::new(Arc::clone(&tok), info.vocab_size, &info.eos_token_ids).expect("trie");
     let t = Instant::now();
     let c = Constraint::from_structured_outputs(&json!({"json": schema})).expect("constraint");
     let mut m = compiler.compile(&c).expect("compiles");
@@ -88,11 +107,18 @@ fn main() {
         let s = Instant::now();
         let mask = m.compute_mask().expect("mask");
         mask_s += s.elapsed().as_secs_f64();
-        assert!(mask.is_allowed(t), "the engine sampled a token its own grammar forbids");
+        assert!(
+            mask.is_allowed(t),
+            "the engine sampled a token its own grammar forbids"
+        );
         m.consume(t).expect("consumes");
     }
     println!();
     println!("| grammar compile (ms) | mask per token (µs) | tokens replayed |");
     println!("|---------------------:|--------------------:|----------------:|");
-    println!("| {compile_ms:.2} | {:.1} | {} |", mask_s / tokens.len() as f64 * 1e6, tokens.len());
+    println!(
+        "| {compile_ms:.2} | {:.1} | {} |",
+        mask_s / tokens.len() as f64 * 1e6,
+        tokens.len()
+    );
 }
