@@ -179,7 +179,9 @@ fn max_body(s: &Server, path: &str, body: Vec<u8>) -> Row {
     }
     // The allocator hands pages back on its own schedule, later on a loaded machine: the
     // memory that stays is the lowest RSS seen over a few seconds of quiet, not one sample.
-    let warm = after[0];
+    // Baseline: the RSS after the first request, or before it when the first request left
+    // it lower (the allocator returned older pages): a dip must not count as growth later.
+    let warm = after[0].max(start);
     let mut settled = after[5];
     let quiet = Instant::now();
     while settled.saturating_sub(warm) >= size.max(16 << 20)
