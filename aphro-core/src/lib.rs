@@ -20,6 +20,7 @@ pub mod model;
 pub mod protocol;
 pub mod renderer;
 pub mod stop;
+pub mod structural_tag;
 pub mod structured;
 pub mod template;
 pub mod tokenizer;

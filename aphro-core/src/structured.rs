@@ -1,5 +1,5 @@
 //! Structured outputs: vLLM's `structured_outputs` constraints (`json`, `json_object`,
-//! `regex`, `choice`, `grammar`) compiled with llguidance into a per-sequence
+//! `regex`, `choice`, `grammar`, `structural_tag`) compiled with llguidance into a per-sequence
 //! [`GrammarMatcher`] that gives the allowed-token mask at every decoding step.
 //!
 //! A constraint becomes the grammar vLLM's `guidance` backend builds
@@ -23,6 +23,7 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Map, Value};
 
 use crate::error::{Error, Result};
+use crate::structural_tag;
 use crate::tokenizer::Tokenizer;
 
 /// The largest constraint (schema, regex, grammar or choices, as JSON text) a request may
@@ -52,6 +53,8 @@ pub enum ConstraintKind {
     Choice(Vec<String>),
     /// A Lark (llguidance dialect) or GBNF grammar.
     Grammar(String),
+    /// vLLM's `structural_tag` (a JSON string or object), see [`crate::structural_tag`].
+    StructuralTag(Value),
 }
 
 /// One request's constraint with vLLM's options.
@@ -138,12 +141,14 @@ impl Constraint {
             ConstraintKind::Choice(choices)
         } else if let Some(g) = get("grammar") {
             ConstraintKind::Grammar(string("grammar", g)?)
-        } else if get("structural_tag").is_some() {
-            return Err(Error::for_param(
-                "structured_outputs.structural_tag is not supported by this engine yet; use \
-                 json, regex, choice or grammar.",
-                PARAM,
-            ));
+        } else if let Some(t) = get("structural_tag") {
+            if !t.is_string() && !t.is_object() {
+                return Err(Error::for_param(
+                    "Invalid structural_tag specification: it must be a JSON string or object.",
+                    PARAM,
+                ));
+            }
+            ConstraintKind::StructuralTag(t.clone())
         } else {
             return Err(Error::for_param(
                 "You must use one kind of structured outputs constraint but none are specified.",
@@ -196,6 +201,11 @@ impl Constraint {
                     TopLevelGrammar::from_lark(g.clone())
                 }
             }
+            ConstraintKind::StructuralTag(tag) => TopLevelGrammar::from_lark(
+                structural_tag::to_lark(tag, &|s| self.schema(s)).map_err(|e| {
+                    Error::for_param(format!("Invalid structural_tag specification: {e}"), PARAM)
+                })?,
+            ),
         })
     }
 
@@ -234,6 +244,7 @@ impl Constraint {
             ConstraintKind::Regex(r) => json!({"regex": r}),
             ConstraintKind::Choice(c) => json!({"choice": c}),
             ConstraintKind::Grammar(g) => json!({"grammar": g}),
+            ConstraintKind::StructuralTag(t) => json!({"structural_tag": t}),
         };
         json!([
             kind,
@@ -867,6 +878,147 @@ mod tests {
         assert!(gbnf_to_lark("root ::= \"a")
             .expect_err("refused")
             .contains("unterminated"));
+    }
+
+    fn smollm2_compiler() -> GrammarCompiler {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/tokenizers/smollm2/tokenizer.json");
+        let tok = Arc::new(Tokenizer::from_file(&path).expect("tokenizer"));
+        GrammarCompiler::new(tok, 49152, &[2]).expect("compiler")
+    }
+
+    /// Whether `text` (tokenized by the model's tokenizer) is a complete match of `c`.
+    fn accepts(compiler: &GrammarCompiler, c: &Constraint, text: &str) -> bool {
+        let mut m = compiler
+            .compile(c)
+            .unwrap_or_else(|e| panic!("{:?}: {e}", c.kind));
+        let ids = compiler.factory.tok_env().tokenize_bytes(text.as_bytes());
+        for id in ids {
+            let mask = m.compute_mask().expect("mask");
+            if !mask.0.is_allowed(id) || m.consume(id).is_err() {
+                return false;
+            }
+        }
+        m.is_accepting()
+    }
+
+    fn tag(format: Value) -> Constraint {
+        Constraint::new(ConstraintKind::StructuralTag(
+            json!({"type": "structural_tag", "format": format}),
+        ))
+    }
+
+    #[test]
+    fn structural_tags_match_what_they_describe() {
+        let c = smollm2_compiler();
+        let any =
+            json!({"type": "any_text", "excludes": [], "max_tokens": null, "max_chars": null});
+        let obj = |schema: Value| {
+            json!({"type": "json_schema", "json_schema": schema, "style": "json",
+            "any_order": false, "max_whitespace_cnt": null, "excludes": []})
+        };
+        // Reasoning, optional, then the answer (what a reasoning parser builds).
+        let think = tag(json!({"type": "sequence", "elements": [
+            {"type": "optional", "content": {"type": "sequence", "elements": [
+                {"type": "tag", "begin": "<think>", "content": any, "end": "</think>"},
+                {"type": "const_string", "value": "\n\n"}]}},
+            obj(json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))]}));
+        assert!(accepts(
+            &c,
+            &think,
+            "<think>Hmm, {ok} or not?</think>\n\n{\"ok\": true}"
+        ));
+        assert!(accepts(&c, &think, "{\"ok\": false}"));
+        assert!(!accepts(&c, &think, "<think>x</think>{\"ok\": true}"));
+        assert!(!accepts(&c, &think, "{\"ok\": 1}"));
+        // Inside reasoning already: the block starts without its marker and is mandatory.
+        let inside = tag(json!({"type": "sequence", "elements": [
+            {"type": "tag", "begin": "", "content": any, "end": "</think>"},
+            {"type": "regex", "pattern": "[0-9]+"}]}));
+        assert!(accepts(&c, &inside, "let me count</think>42"));
+        assert!(!accepts(&c, &inside, "42"));
+
+        // Hermes-style calls: text, then calls; text between; the trigger only opens a call.
+        let call = |name: &str| {
+            json!({"type": "tag",
+            "begin": format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": "),
+            "content": obj(json!({"type": "object", "properties": {"city": {"type": "string"}},
+                                  "required": ["city"], "additionalProperties": false})),
+            "end": "}\n</tool_call>"})
+        };
+        let auto = tag(
+            json!({"type": "triggered_tags", "triggers": ["<tool_call>"],
+            "tags": [call("get_weather"), call("get_time")], "at_least_one": false,
+            "stop_after_first": false, "excludes": []}),
+        );
+        let one = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        assert!(accepts(&c, &auto, "Just text."));
+        assert!(accepts(
+            &c,
+            &auto,
+            &format!("Let me check. {one} and {one} done")
+        ));
+        assert!(!accepts(
+            &c,
+            &auto,
+            "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>"
+        ));
+        assert!(!accepts(
+            &c,
+            &auto,
+            "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": 1}}\n</tool_call>"
+        ));
+        let required = tag(
+            json!({"type": "tags_with_separator", "tags": [call("get_weather")],
+            "separator": "", "at_least_one": true, "stop_after_first": true}),
+        );
+        assert!(accepts(&c, &required, one));
+        assert!(!accepts(&c, &required, "Sure."));
+        assert!(!accepts(&c, &required, &format!("{one}{one}")));
+        // Llama: at least one call first, excluded strings never in the text around them.
+        let llama = tag(
+            json!({"type": "triggered_tags", "triggers": ["{\"name\": "],
+            "tags": [{"type": "tag", "begin": "{\"name\": \"f\", \"parameters\": ",
+                      "content": obj(json!(true)), "end": "}"}],
+            "at_least_one": true, "stop_after_first": false, "excludes": ["<think>", "</think>"]}),
+        );
+        assert!(accepts(
+            &c,
+            &llama,
+            "{\"name\": \"f\", \"parameters\": {\"a\": [1, 2]}}"
+        ));
+        assert!(accepts(
+            &c,
+            &llama,
+            "{\"name\": \"f\", \"parameters\": 3} then text"
+        ));
+        assert!(!accepts(
+            &c,
+            &llama,
+            "text first {\"name\": \"f\", \"parameters\": 3}"
+        ));
+        assert!(!accepts(
+            &c,
+            &llama,
+            "{\"name\": \"f\", \"parameters\": 3} <think>"
+        ));
+        // Choice as `or`, a Lark grammar inside, repeat, and the legacy shape.
+        let or = tag(json!({"type": "sequence", "elements": [
+            {"type": "or", "elements": [{"type": "const_string", "value": "yes"}, {"type": "const_string", "value": "no"}]},
+            {"type": "repeat", "min": 1, "max": 2, "content": {"type": "const_string", "value": "!"}},
+            {"type": "grammar", "grammar": "start: /[a-c]+/"}]}));
+        assert!(accepts(&c, &or, "no!!abc"));
+        assert!(!accepts(&c, &or, "no!!!abc"));
+        let legacy = Constraint::new(ConstraintKind::StructuralTag(
+            json!({"type": "structural_tag",
+            "triggers": ["<f="], "structures": [{"begin": "<f=a>", "schema": {"type": "integer"}, "end": "</f>"}]}),
+        ));
+        assert!(accepts(&c, &legacy, "x <f=a>12</f> y"));
+        assert!(!accepts(&c, &legacy, "x <f=a>1.5</f>"));
+        // Bounded text.
+        let short = tag(json!({"type": "any_text", "max_chars": 3}));
+        assert!(accepts(&c, &short, "abc"));
+        assert!(!accepts(&c, &short, "abcd"));
     }
 
     #[test]

@@ -70,16 +70,6 @@ pub fn check_supported(body: &Value) -> Result<(), aphro_core::Error> {
             ));
         }
     }
-    if body
-        .pointer("/response_format/type")
-        .and_then(Value::as_str)
-        == Some("structural_tag")
-    {
-        return Err(refuse(
-            "response_format",
-            "response_format type 'structural_tag'",
-        ));
-    }
     for key in [
         "logprob_token_ids",
         "prompt_logprob_token_ids",
