@@ -279,6 +279,8 @@ _ERROR_SITES = [
     ("chat/tools_required", "online_renderer.py:render_chat: tool_choice=\"required\" without a tool parser"),
     ("chat/tools_strict_flag", "online_renderer.py:render_chat: tool_choice=\"required\" without a tool parser"),
     ("chat/tools_named", "online_renderer.py:render_chat: a named tool_choice without a tool parser"),
+    ("chat/tools_required_*", "online_renderer.py:render_chat: tool_choice=\"required\" without a tool parser"),
+    ("chat/tools_auto_*", "online_renderer.py:render_chat: \"auto\" tool choice without a tool parser"),
     ("chat/tools_named_unknown", "chat_completion/protocol.py:check_tool_usage, parameter tool_choice"),
     ("chat/tool_choice_without_tools", "chat_completion/protocol.py:check_tool_usage, parameter tool_choice"),
     ("chat/structured_outputs_two_kinds", "chat_completion/protocol.py:check_structured_outputs_count, no parameter"),
@@ -350,7 +352,7 @@ DOCUMENTED_DIFFERENCES += [
      "aphro": r'"As of transformers v4\.44, default chat template is no longer allowed.*"|"BadRequestError"|null',
      "reason": "a tokenizer without a chat template: Python's ChatTemplateResolutionError (renderers/hf.py:"
                "safe_apply_chat_template), raised before the checks vllm-rs fails first"},
-    {"request": "chat/template_kwargs_generic", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
+    {"request": "chat/template_kwargs_generic*", "path": _ERROR_FIELDS, "status": (400, 400), "deliberate": True,
      "model": "fixture:gpt_oss*",
      "reason": "deliberate: chat_template_kwargs the template never reads is a 400 naming them (see above); "
                "vllm-rs maps enable_thinking=false to Harmony's reasoning_effort and refuses that"},
@@ -368,15 +370,7 @@ _HARMONY_GAP_REQUESTS = [
     "chat/no_generation_prompt", "chat/special_token_text_in_content", "chat/continue_final_message",
     "chat/request_chat_template", "chat/tools_*", "chat/tool_history*", "chat_invalid/unknown_role",
 ]
-_STRUCTURAL_TAG_REQUESTS = ["chat/tools_required", "chat/tools_named", "chat/tools_strict_flag",
-                            "chat/response_format_*", "chat/structured_outputs_*"]
 DOCUMENTED_DIFFERENCES += [
-    {"request": name, "path": r"^(\.sampling_params\.structured_outputs(\..*)?|\.reasoning_ended)$", "gap": True,
-     "reason": "structured outputs (issue 15): Python's tool and reasoning parsers turn tool_choice required/named and "
-               "response_format into a structural_tag (tool_parsers/abstract_tool_parser.py:adjust_request, "
-               "structural_tag_registry.py), with reasoning_ended true; aphro passes the request's own constraint"}
-    for name in _STRUCTURAL_TAG_REQUESTS
-] + [
     {"request": name, "path": ".", "model": "fixture:gpt_oss*", "gap": True,
      "reason": "gpt-oss: Python renders with openai-harmony (renderers/online_renderer.py, use_harmony), aphro with "
                "the model's Jinja template; the ids differ with system/developer messages and earlier turns, where "

@@ -24,6 +24,7 @@ pub mod structural_tag;
 pub mod structured;
 pub mod template;
 pub mod tokenizer;
+pub mod tool_grammar;
 pub mod validation;
 
 pub use derenderer::{DerenderOptions, Derenderer};

@@ -9,6 +9,7 @@
 use crate::model::Model;
 use crate::protocol::{ChatCompletionRequest, SamplingParams};
 use crate::renderer::RenderHooks;
+use crate::tool_grammar::PromptReasoning;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ pub struct ParserHooks {
     model: Arc<Model>,
     tool_parser: Option<String>,
     reasoning_markers: Option<(&'static str, &'static str)>,
-    has_reasoning: bool,
+    reasoning_parser: Option<String>,
 }
 
 /// The (start, end) markers of a reasoning parser, where it has textual markers.
@@ -54,7 +55,7 @@ impl ParserHooks {
             model,
             tool_parser: tool_parser.map(str::to_owned),
             reasoning_markers: reasoning_parser.and_then(reasoning_markers),
-            has_reasoning: reasoning_parser.is_some(),
+            reasoning_parser: reasoning_parser.map(str::to_owned),
         }
     }
 }
@@ -104,7 +105,23 @@ impl RenderHooks for ParserHooks {
     }
 
     fn has_reasoning_parser(&self) -> bool {
-        self.has_reasoning
+        self.reasoning_parser.is_some()
+    }
+
+    fn reasoning_parser(&self) -> Option<&str> {
+        self.reasoning_parser.as_deref()
+    }
+
+    fn prompt_reasoning(&self, prompt_ids: &[u32]) -> PromptReasoning {
+        let Some((start, end)) = self.reasoning_markers else {
+            return PromptReasoning::Absent;
+        };
+        let tail = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_TAIL_IDS)..];
+        match self.model.tokenizer.decode(tail, false) {
+            Ok(text) if reasoning_ended_in(&text, start, end) => PromptReasoning::Closed,
+            Ok(text) if text.contains(start) => PromptReasoning::Open,
+            _ => PromptReasoning::Absent,
+        }
     }
 
     fn adjust_sampling_params(&self, req: &ChatCompletionRequest, params: &mut SamplingParams) {

@@ -6,6 +6,7 @@ use crate::model::{GenerationDefaults, Model, DEFAULT_MAX_MODEL_LEN};
 use crate::protocol::*;
 use crate::template::{Clock, ContentFormat, SystemClock};
 use crate::tokenizer::Tokenizer;
+use crate::tool_grammar::{self, GrammarContext};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -23,6 +24,14 @@ pub trait RenderHooks: Send + Sync {
     fn has_reasoning_parser(&self) -> bool;
     /// Tool parsers may adjust sampling (e.g. keep special tokens so markers survive).
     fn adjust_sampling_params(&self, _req: &ChatCompletionRequest, _params: &mut SamplingParams) {}
+    /// The `--reasoning-parser` name, for the structural tag of [`crate::tool_grammar`].
+    fn reasoning_parser(&self) -> Option<&str> {
+        None
+    }
+    /// Where the prompt left reasoning (its last reasoning marker).
+    fn prompt_reasoning(&self, _prompt_ids: &[u32]) -> tool_grammar::PromptReasoning {
+        tool_grammar::PromptReasoning::Absent
+    }
 }
 
 /// Renderer configuration.
@@ -372,6 +381,30 @@ impl Renderer {
         if let Some(h) = &self.options.hooks {
             h.adjust_sampling_params(req, &mut sp);
         }
+        let grammar_plan = tool_grammar::plan(
+            req,
+            sp.structured_outputs.as_ref(),
+            GrammarContext {
+                tool_parser: self
+                    .options
+                    .tool_call_parser
+                    .as_deref()
+                    .filter(|_| self.options.enable_auto_tool_choice),
+                reasoning_parser: self
+                    .options
+                    .hooks
+                    .as_ref()
+                    .and_then(|h| h.reasoning_parser()),
+                prompt_reasoning: self
+                    .options
+                    .hooks
+                    .as_ref()
+                    .map_or(Default::default(), |h| h.prompt_reasoning(&ids)),
+            },
+        )?;
+        if let Some(p) = &grammar_plan {
+            sp.structured_outputs = Some(p.structured_outputs.clone());
+        }
         sp.normalize_and_validate()?;
         self.options.limits.check_sampling(&sp)?;
 
@@ -409,6 +442,12 @@ impl Renderer {
                 },
                 None,
             ),
+        };
+        // The grammar covers the reasoning block, so it applies from the first token.
+        let reasoning_ended = if grammar_plan.as_ref().is_some_and(|p| p.reasoning_ended) {
+            Some(true)
+        } else {
+            reasoning_ended
         };
         let tool_choice = match &req.tool_choice {
             Some(tc) => tc.clone(),
