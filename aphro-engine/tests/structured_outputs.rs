@@ -27,6 +27,12 @@ fn gguf() -> String {
 }
 
 fn serving() -> OpenAiServing {
+    serving_with(None, None)
+}
+
+/// A coupled layer whose renderer and derenderer run `--tool-call-parser tool` (with
+/// `--enable-auto-tool-choice`) and `--reasoning-parser reasoning`.
+fn serving_with(tool: Option<&str>, reasoning: Option<&str>) -> OpenAiServing {
     let engine = Arc::new(
         ServingEngine::new(ServingConfig {
             model: gguf(),
@@ -40,9 +46,20 @@ fn serving() -> OpenAiServing {
         .expect("engine starts"),
     );
     let model = Arc::clone(engine.model().expect("tokenizer loaded"));
+    let hooks: Option<Arc<dyn aphro_core::RenderHooks>> = (tool.is_some() || reasoning.is_some())
+        .then(|| {
+            Arc::new(aphro_core::parser_hooks::ParserHooks::new(
+                Arc::clone(&model),
+                tool,
+                reasoning,
+            )) as Arc<dyn aphro_core::RenderHooks>
+        });
     let renderer = Renderer::new(
         Arc::clone(&model),
         RenderOptions {
+            hooks,
+            tool_call_parser: tool.map(str::to_owned),
+            enable_auto_tool_choice: tool.is_some(),
             ..RenderOptions::default()
         },
     )
@@ -50,6 +67,9 @@ fn serving() -> OpenAiServing {
     let derenderer = aphro_core::Derenderer::new(
         model,
         DerenderOptions {
+            tool_call_parser: tool.map(str::to_owned),
+            reasoning_parser: reasoning.map(str::to_owned),
+            enable_auto_tool_choice: tool.is_some(),
             ..DerenderOptions::default()
         },
     )
@@ -322,7 +342,7 @@ fn split_chat(s: &OpenAiServing, body: Value) -> Value {
     let mut rendered = s.render_chat(req, None).expect("renders");
     let wire = serde_json::to_value(&rendered.generate).expect("serializes");
     assert!(
-        wire["sampling_params"]["structured_outputs"]["json"].is_object(),
+        wire["sampling_params"]["structured_outputs"].is_object(),
         "{wire}"
     );
     rendered.generate = parse_generate_request(&wire).expect("engine reads the wire");
@@ -399,4 +419,180 @@ fn constraints_that_cannot_compile_are_400s() {
     // The engine is still serving.
     let ok = chat(&s, ask(json!({"choice": ["fine"]}))).expect("serves");
     assert_eq!(content(&ok), "fine");
+}
+
+/// Both tools are `strict`, so their arguments follow the schema (a tool that is not strict
+/// gets any JSON as arguments, as in vLLM, and a 135M model can ramble on in it).
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "strict": true,
+         "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+                        "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "description": "Current time in a time zone", "strict": true,
+         "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 30}},
+                        "required": ["tz"], "additionalProperties": false}}}
+    ])
+}
+
+/// The tool calls of a chat answer as (name, parsed arguments).
+fn calls_of(resp: &Value) -> Vec<(String, Value)> {
+    let msg = &resp["choices"][0]["message"];
+    msg["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tool calls: {resp}"))
+        .iter()
+        .map(|c| {
+            let f = &c["function"];
+            let args = f["arguments"].as_str().expect("arguments string");
+            (
+                f["name"].as_str().expect("name").to_owned(),
+                serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {args:?}")),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn tool_choice_required_and_named_always_call_an_offered_tool() {
+    for parser in ["hermes", "llama3_json"] {
+        let s = serving_with(Some(parser), None);
+        let schema_of = |i: usize| {
+            jsonschema::validator_for(&tools()[i]["function"]["parameters"]).expect("compiles")
+        };
+        let (weather, time) = (schema_of(0), schema_of(1));
+        for temperature in [0.0, 1.0] {
+            for (choice, question) in [
+                (json!("required"), "What should I wear in Oslo today?"),
+                (json!("required"), "Tell me a joke."),
+                (
+                    json!({"type": "function", "function": {"name": "get_time"}}),
+                    "Hello!",
+                ),
+                (
+                    json!({"type": "function", "function": {"name": "get_weather"}}),
+                    "Hi",
+                ),
+            ] {
+                let body = json!({"messages": [{"role": "user", "content": question}],
+                    "tools": tools(), "tool_choice": choice, "max_tokens": 120,
+                    "temperature": temperature, "seed": 11, "parallel_tool_calls": false});
+                let coupled = chat(&s, body.clone()).unwrap_or_else(|e| panic!("{parser}: {e}"));
+                let calls = calls_of(&coupled);
+                assert_eq!(calls.len(), 1, "{parser}: {coupled}");
+                let (name, args) = &calls[0];
+                if let Some(want) = choice.pointer("/function/name") {
+                    assert_eq!(name, want, "{parser}: {coupled}");
+                }
+                match name.as_str() {
+                    "get_time" => assert!(time.is_valid(args), "{parser}: {args}"),
+                    "get_weather" => assert!(weather.is_valid(args), "{parser}: {args}"),
+                    other => panic!("{parser}: called {other}, not an offered tool"),
+                }
+                let finish = &coupled["choices"][0]["finish_reason"];
+                assert!(finish == "tool_calls" || finish == "stop", "{coupled}");
+                let split = split_chat(&s, body);
+                assert_eq!(
+                    split["choices"][0]["message"]["tool_calls"][0]["function"],
+                    coupled["choices"][0]["message"]["tool_calls"][0]["function"],
+                    "{parser}: split and coupled differ"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn structural_tags_from_the_request_hold() {
+    let s = serving();
+    // Free text, then a call in tags, as a request's own `structural_tag` (xgrammar's format).
+    let tag = json!({"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "triggered_tags", "triggers": ["<call>"], "at_least_one": true, "stop_after_first": true,
+         "tags": [{"type": "tag", "begin": "<call>", "end": "</call>",
+                   "content": {"type": "json_schema", "json_schema": {"type": "object",
+                       "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"],
+                       "additionalProperties": false}}}]}
+    ]}});
+    let legacy = json!({"type": "structural_tag", "triggers": ["<n="],
+        "structures": [{"begin": "<n=a>", "schema": {"type": "object", "properties": {"v": {"type": "boolean"}}, "required": ["v"]}, "end": "</n>"}]});
+    for temperature in [0.0, 1.0] {
+        let body = json!({"messages": [{"role": "user", "content": "Pick a number."}], "max_tokens": 80,
+            "temperature": temperature, "seed": 2, "structured_outputs": {"structural_tag": tag.to_string()}});
+        let out = content(&chat(&s, body).expect("serves")).to_owned();
+        let rest = out
+            .strip_prefix("Answer: <call>")
+            .unwrap_or_else(|| panic!("{out:?}"));
+        let json_text = rest
+            .strip_suffix("</call>")
+            .unwrap_or_else(|| panic!("{out:?}"));
+        let v: Value = serde_json::from_str(json_text).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        assert!(
+            v["n"].as_i64().is_some_and(|n| (0..=99).contains(&n)),
+            "{out:?}"
+        );
+
+        // response_format carries the same tag (vLLM serializes it into structured_outputs).
+        let body = json!({"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 60,
+            "temperature": temperature, "seed": 4, "response_format": legacy});
+        let resp = chat(&s, body).expect("serves");
+        let out = content(&resp);
+        if let Some(i) = out.find("<n=") {
+            let call = &out[i..];
+            let body = call
+                .strip_prefix("<n=a>")
+                .and_then(|c| c.split("</n>").next())
+                .unwrap_or_else(|| panic!("{out:?}"));
+            let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+            assert!(v["v"].is_boolean(), "{out:?}");
+        }
+    }
+    for (tag, needle) in [
+        (
+            json!({"type": "structural_tag", "format": {"type": "token", "token": "<x>"}}),
+            "not supported",
+        ),
+        (
+            json!({"type": "structural_tag", "format": {"type": "nope"}}),
+            "unknown format type",
+        ),
+        (json!("{not json"), "not valid JSON"),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+            "structured_outputs": {"structural_tag": if tag.is_string() { tag.clone() } else { Value::from(tag.to_string()) }}});
+        let err = chat(&s, body).expect_err("refused").to_string();
+        assert!(
+            err.contains("Invalid structural_tag specification") && err.contains(needle),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_reasoning_parser_lets_the_model_think_before_the_constraint() {
+    let s = serving_with(None, Some("qwen3"));
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false});
+    let valid = jsonschema::validator_for(&schema).expect("compiles");
+    for temperature in [0.0, 1.0] {
+        let body = json!({"messages": [{"role": "user", "content": "Think, then answer as JSON."}], "max_tokens": 200,
+            "temperature": temperature, "seed": 8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}});
+        let req = parse_chat(&body).expect("valid");
+        let rendered = s.render_chat(req, None).expect("renders");
+        let wire = serde_json::to_value(&rendered.generate).expect("serializes");
+        assert_eq!(wire["reasoning_ended"], true, "{wire}");
+        assert!(
+            wire["sampling_params"]["structured_outputs"]["structural_tag"].is_string(),
+            "{wire}"
+        );
+        let resp = chat(&s, body).expect("serves");
+        let msg = &resp["choices"][0]["message"];
+        // The model may skip the optional block; qwen3's parser then reads the unmarked
+        // answer as reasoning (vLLM's behaviour), so the JSON is in one of the two fields.
+        let text = msg["content"]
+            .as_str()
+            .or_else(|| msg["reasoning"].as_str())
+            .unwrap_or_else(|| panic!("{msg}"));
+        let answer: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {msg}"));
+        assert!(valid.is_valid(&answer), "{msg}");
+    }
 }

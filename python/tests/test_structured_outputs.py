@@ -1,7 +1,7 @@
 """Structured outputs against `aphro serve` through the official `openai` SDK: a Pydantic
 model as `response_format` (the SDK's `parse` helper builds the strict JSON schema and parses
-the answer back), vLLM's `structured_outputs` in `extra_body`, and the 400 a constraint that
-cannot compile gets."""
+the answer back), vLLM's `structured_outputs` in `extra_body`, `tool_choice` "required" and a
+named tool through a hermes tool parser, and the 400 a constraint that cannot compile gets."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ import openai
 import pydantic
 import pytest
 
+from conftest import DEFAULT_GGUF, SERVE_FLAGS, aphro_server
 from conftest import SMOL as MODEL
 
 
@@ -81,3 +82,48 @@ def test_constraints_that_cannot_compile_are_400s(client):
     # Still serving.
     ok = chat(model=MODEL, messages=user, max_tokens=5, extra_body={"structured_outputs": {"choice": ["fine"]}})
     assert ok.choices[0].message.content == "fine"
+
+
+@pytest.fixture(scope="module")
+def tool_client():
+    with aphro_server("serve", str(DEFAULT_GGUF), "--served-model-name", MODEL, *SERVE_FLAGS,
+                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes") as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120)
+
+
+class Forecast(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=20)
+    days: int = pydantic.Field(ge=1, le=7)
+
+
+TOOLS = [
+    openai.pydantic_function_tool(Forecast, name="get_forecast", description="Weather forecast for a city"),
+    {"type": "function", "function": {"name": "get_time", "description": "Current time in a zone", "strict": True,
+     "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 30}},
+                    "required": ["tz"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_tool_choice_forces_a_call_of_an_offered_tool(tool_client, tool_choice):
+    for prompt in ["Tell me a joke.", "Weather in Rome for three days?"]:
+        kwargs = dict(model=MODEL, messages=[{"role": "user", "content": prompt}], tools=TOOLS,
+                      tool_choice=tool_choice, max_tokens=100, temperature=0, parallel_tool_calls=False)
+        reply = tool_client.chat.completions.create(**kwargs)
+        calls = reply.choices[0].message.tool_calls
+        assert calls and len(calls) == 1, reply
+        call = calls[0].function
+        if isinstance(tool_choice, dict):
+            assert call.name == "get_time", call
+        args = json.loads(call.arguments)
+        if call.name == "get_forecast":
+            Forecast.model_validate(args)
+        else:
+            assert call.name == "get_time" and isinstance(args["tz"], str) and set(args) == {"tz"}, call
+        # Streaming gives the same call.
+        name, arguments = None, ""
+        for chunk in tool_client.chat.completions.create(stream=True, **kwargs):
+            for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                name = tc.function.name or name
+                arguments += tc.function.arguments or ""
+        assert (name, json.loads(arguments)) == (call.name, args)
