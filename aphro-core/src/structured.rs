@@ -598,6 +598,22 @@ impl GrammarMatcher {
             .map_err(|e| e.to_string())
     }
 
+    /// The tokens the grammar forces next (at most `limit`), consumed into the state: the
+    /// engine appends them without sampling, so they cost one forward pass together.
+    pub fn consume_forced(&mut self, limit: usize) -> std::result::Result<Vec<u32>, String> {
+        if limit == 0 || self.matcher.is_stopped() {
+            return Ok(Vec::new());
+        }
+        let mut forced = self.matcher.compute_ff_tokens();
+        forced.truncate(limit);
+        if !forced.is_empty() {
+            self.matcher
+                .consume_tokens(&forced)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(forced)
+    }
+
     /// True once the grammar allows nothing but EOS.
     pub fn is_stopped(&self) -> bool {
         self.matcher.is_stopped()

@@ -147,6 +147,8 @@ pub struct MetricsSnapshot {
     /// `vllm:request_params_n`.
     pub request_params_n: Histogram,
     pub steps: u64,
+    /// Output tokens a grammar forced and the engine appended without sampling them.
+    pub grammar_forced_tokens: u64,
     /// False once a runner error killed the engine (`/health` → 503).
     pub healthy: bool,
 }
@@ -189,6 +191,7 @@ impl MetricsSnapshot {
             request_params_max_tokens: tokens(),
             request_params_n: Histogram::new(PARAMS_N_BUCKETS),
             steps: 0,
+            grammar_forced_tokens: 0,
             healthy: true,
         }
     }

@@ -715,7 +715,7 @@ impl EngineCore {
             }
         }
         seq.tokens.push(tok);
-        let n_out = seq.output_len(req.prompt_len);
+        let mut n_out = seq.output_len(req.prompt_len);
         self.metrics.generation_tokens_total += 1;
 
         let now = Instant::now();
@@ -748,6 +748,36 @@ impl EngineCore {
         } else {
             (None, None)
         };
+        // Fast-forward: tokens the grammar forces after this one are appended now and
+        // computed together in the next step, instead of one forward pass each. Not where
+        // logprobs are asked for (a forced token has no sampled distribution to report) or
+        // where other rules could refuse a forced token (bias, allowed ids, bad words).
+        let mut token_ids = vec![tok];
+        let mut finish = finish;
+        let fast_forward = finish.is_none()
+            && plan.logprobs.is_none()
+            && plan.logit_bias.is_empty()
+            && plan.allowed_token_ids.is_none()
+            && plan.bad_words_token_ids.is_empty();
+        if let Some(g) = seq.grammar.as_mut().filter(|_| fast_forward) {
+            let room = plan
+                .max_tokens
+                .saturating_sub(n_out)
+                .min(self.cfg.max_model_len.saturating_sub(seq.tokens.len()));
+            match g.consume_forced(room) {
+                Ok(forced) => {
+                    seq.tokens.extend_from_slice(&forced);
+                    n_out += forced.len();
+                    self.metrics.generation_tokens_total += forced.len() as u64;
+                    self.metrics.grammar_forced_tokens += forced.len() as u64;
+                    token_ids.extend(forced);
+                    if n_out >= plan.max_tokens || seq.tokens.len() >= self.cfg.max_model_len {
+                        finish = Some(FinishReason::Length);
+                    }
+                }
+                Err(_) => finish = Some(FinishReason::Stop),
+            }
+        }
         let prompt_logprobs = if req.first_output_sent {
             None
         } else {
@@ -757,7 +787,7 @@ impl EngineCore {
         outs.push(EngineOutput {
             request_id: seq.request_id.clone(),
             index: seq.choice,
-            token_ids: vec![tok],
+            token_ids,
             logprobs: sampled.logprobs.map(|l| vec![l]),
             prompt_logprobs,
             finish_reason: finish,

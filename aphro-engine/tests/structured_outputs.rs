@@ -33,6 +33,10 @@ fn serving() -> OpenAiServing {
 /// A coupled layer whose renderer and derenderer run `--tool-call-parser tool` (with
 /// `--enable-auto-tool-choice`) and `--reasoning-parser reasoning`.
 fn serving_with(tool: Option<&str>, reasoning: Option<&str>) -> OpenAiServing {
+    build(tool, reasoning).0
+}
+
+fn build(tool: Option<&str>, reasoning: Option<&str>) -> (OpenAiServing, Arc<ServingEngine>) {
     let engine = Arc::new(
         ServingEngine::new(ServingConfig {
             model: gguf(),
@@ -74,7 +78,12 @@ fn serving_with(tool: Option<&str>, reasoning: Option<&str>) -> OpenAiServing {
         },
     )
     .expect("derenderer");
-    OpenAiServing::new(Arc::new(renderer), Arc::new(derenderer), engine)
+    let serving = OpenAiServing::new(
+        Arc::new(renderer),
+        Arc::new(derenderer),
+        Arc::clone(&engine),
+    );
+    (serving, engine)
 }
 
 fn chat(s: &OpenAiServing, body: Value) -> Result<Value, aphro_engine::openai::OpenAiError> {
@@ -595,4 +604,46 @@ fn a_reasoning_parser_lets_the_model_think_before_the_constraint() {
         let answer: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {msg}"));
         assert!(valid.is_valid(&answer), "{msg}");
     }
+}
+
+#[test]
+fn forced_tokens_are_fast_forwarded_not_sampled_one_by_one() {
+    let (s, engine) = build(None, None);
+    let sentence = "The quick brown fox jumps over the lazy dog, twice, and then sleeps.";
+    let body = |logprobs: bool| {
+        json!({"messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 60, "temperature": 0, "logprobs": logprobs,
+        "structured_outputs": {"choice": [sentence]}})
+    };
+    let before = engine.metrics_synced();
+    let resp = chat(&s, body(false)).expect("serves");
+    let after = engine.metrics_synced();
+    let tokens = resp["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert_eq!(content(&resp), sentence);
+    // After the first sampled token the rest of the sentence is forced: appended without
+    // sampling, and computed in one step rather than one step per token (the EOS after it
+    // is sampled).
+    let forced = after.grammar_forced_tokens - before.grammar_forced_tokens;
+    assert!(
+        forced + 2 >= tokens && forced > 5,
+        "{forced} of {tokens} forced"
+    );
+    let steps = after.steps - before.steps;
+    assert!(steps <= 4, "{steps} steps for {tokens} tokens");
+    // With logprobs every token is sampled (each has a distribution to report), and the
+    // text is the same.
+    let with_lp = chat(&s, body(true)).expect("serves");
+    assert_eq!(content(&with_lp), content(&resp));
+    let pieces: String = with_lp["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs")
+        .iter()
+        .map(|e| e["token"].as_str().expect("token"))
+        .collect();
+    assert_eq!(
+        pieces, sentence,
+        "a logprob entry for every token of the text"
+    );
+    // The split path (generate API) gives the same answer.
+    assert_eq!(content(&split_chat(&s, body(false))), content(&resp));
 }
