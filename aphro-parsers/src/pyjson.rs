@@ -174,11 +174,12 @@ impl Balance {
             }
             match c {
                 b'"' => self.in_str = true,
-                b'{' | b'[' => self.depth += 1,
+                // Saturating: a restored snapshot may carry any depth.
+                b'{' | b'[' => self.depth = self.depth.saturating_add(1),
                 b'}' | b']' => {
                     self.depth = self.depth.saturating_sub(1);
                     if self.depth == 0 {
-                        let end = self.fed + i + 1;
+                        let end = self.fed.saturating_add(i + 1);
                         self.fed = end;
                         return Some(end);
                     }
@@ -186,7 +187,7 @@ impl Balance {
                 _ => {}
             }
         }
-        self.fed += b.len();
+        self.fed = self.fed.saturating_add(b.len());
         None
     }
 

@@ -398,15 +398,28 @@ impl EarlyScan for UpTo {
             },
             Close::Bracket => {
                 // The opener ends with the bracket; balance from it.
-                let start = inner - 1 + self.bal.fed();
-                match self.bal.feed(&buf.as_bytes()[start..]) {
-                    Some(n) => inner - 1 + n,
+                // Checked: `inner` and the balance come from a snapshot on resume.
+                let Some(rest) = inner
+                    .checked_sub(1)
+                    .and_then(|o| o.checked_add(self.bal.fed()))
+                    .and_then(|start| buf.as_bytes().get(start..))
+                else {
+                    return;
+                };
+                match self.bal.feed(rest) {
+                    Some(n) => match (inner - 1).checked_add(n) {
+                        Some(e) => e,
+                        None => return,
+                    },
                     None => return,
                 }
             }
         };
+        let Some(text) = buf.get(..end) else {
+            return;
+        };
         self.done = true;
-        let o = (self.parse)(&buf[..end], ctx);
+        let o = (self.parse)(text, ctx);
         for c in o.calls {
             out.push(Early::Call {
                 name: c.name,
