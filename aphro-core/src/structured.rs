@@ -671,6 +671,9 @@ impl TokenizerEnv for ByteTokEnv {
 /// Token bytes as llguidance's trie wants them: byte-level BPE symbols mapped back to
 /// bytes, SentencePiece `▁` to a space and `<0xNN>` to its byte, special tokens prefixed
 /// with 0xFF so no grammar text can produce them (`toktrie_hf_tokenizers::ByteTokenizer`).
+/// Added tokens that are not special (`<tool_call>`, `<think>`, DeepSeek's tool markers) are
+/// their text, as xgrammar sees them: a grammar that spells `<tool_call>` lets the model emit
+/// the one token it was trained on rather than forcing the text out piece by piece.
 fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>> {
     let hf = tok.hf();
     let decoder = hf
@@ -717,7 +720,7 @@ fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>> {
     let specials: std::collections::HashSet<u32> = hf
         .get_added_tokens_decoder()
         .into_iter()
-        .filter(|(_, t)| t.special || (t.content.starts_with('<') && t.content.ends_with('>')))
+        .filter(|(_, t)| t.special)
         .map(|(id, _)| id)
         .collect();
     let char_map = byte_level_char_map();
@@ -1035,6 +1038,36 @@ mod tests {
         let short = tag(json!({"type": "any_text", "max_chars": 3}));
         assert!(accepts(&c, &short, "abc"));
         assert!(!accepts(&c, &short, "abcd"));
+    }
+
+    #[test]
+    fn non_special_added_tokens_are_grammar_text() {
+        let dir = std::env::var_os("APHRO_ASSETS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.assets"));
+        let path = dir.join("tokenizers/qwen3/tokenizer.json");
+        assert!(
+            path.exists(),
+            "{} is missing: run scripts/fetch_assets.py",
+            path.display()
+        );
+        let tok = Arc::new(Tokenizer::from_file(&path).expect("tokenizer"));
+        let call = tok
+            .token_to_id("<tool_call>")
+            .expect("Qwen3 has <tool_call>");
+        let im_start = tok.token_to_id("<|im_start|>").expect("and <|im_start|>");
+        let c = GrammarCompiler::new(tok, 151936, &[151645]).expect("compiler");
+        let mut m = c
+            .compile(&tag(
+                json!({"type": "tags_with_separator", "separator": "", "at_least_one": true,
+                "tags": [{"type": "tag", "begin": "<tool_call>", "end": "</tool_call>",
+                          "content": {"type": "const_string", "value": "x"}}]}),
+            ))
+            .expect("compiles");
+        let mask = m.compute_mask().expect("mask");
+        // The added token itself (not special) can open the call; a special token never can.
+        assert!(mask.0.is_allowed(call));
+        assert!(!mask.0.is_allowed(im_start));
     }
 
     #[test]
