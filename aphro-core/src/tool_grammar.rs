@@ -1,7 +1,8 @@
 //! The structural tag a chat request's tools and reasoning become at render time, as
 //! `vllm-rs render` builds it (`docs/structured-outputs.md`, "Tool calls and reasoning").
 //!
-//! * A tool parser with a call format (hermes, qwen3_json, llama3_json, llama4_json) turns
+//! * A tool parser with a call format (hermes, qwen3_json, llama3_json, llama4_json,
+//!   deepseek_v3, deepseek_v31, kimi_k2) turns
 //!   `tool_choice` `required` / named — and `auto` when a tool is `strict` — into tags for
 //!   the offered tools: the call envelope is fixed and the arguments follow the tool's
 //!   schema when it is strict (else any JSON). `parallel_tool_calls: false` stops the list
@@ -63,6 +64,13 @@ enum CallFormat {
     Qwen3,
     /// xgrammar's `llama`: `{"name": ..., "parameters": ...}`.
     Llama,
+    /// xgrammar's `deepseek_r1` (the `deepseek_v3` parser): calls inside
+    /// `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>`, arguments in a fenced JSON block.
+    DeepSeekV3,
+    /// xgrammar's `deepseek_v3_1`: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`.
+    DeepSeekV31,
+    /// xgrammar's `kimi`: `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS`.
+    Kimi,
 }
 
 /// Tool parsers that only get the request constraint as a structural tag when tools are
@@ -81,6 +89,9 @@ fn call_format(tool_parser: &str) -> Option<CallFormat> {
         "hermes" => CallFormat::Hermes,
         "qwen3_json" => CallFormat::Qwen3,
         "llama3_json" | "llama4_json" => CallFormat::Llama,
+        "deepseek_v3" => CallFormat::DeepSeekV3,
+        "deepseek_v31" => CallFormat::DeepSeekV31,
+        "kimi_k2" => CallFormat::Kimi,
         _ => return None,
     })
 }
@@ -241,6 +252,9 @@ fn json_schema(schema: Value) -> Value {
 fn calls(cf: CallFormat, tools: &[(&str, Value)], mode: Mode, single: bool) -> Value {
     let tag = |begin: String, args: &Value, end: &str| json!({"type": "tag", "begin": begin, "content": json_schema(args.clone()), "end": end});
     match cf {
+        CallFormat::DeepSeekV3 | CallFormat::DeepSeekV31 | CallFormat::Kimi => {
+            sectioned_calls(cf, tools, mode, single)
+        }
         CallFormat::Hermes => {
             let mut tags = Vec::new();
             for (name, args) in tools {
@@ -302,6 +316,78 @@ fn calls(cf: CallFormat, tools: &[(&str, Value)], mode: Mode, single: bool) -> V
             json!({"type": "triggered_tags", "triggers": [trigger], "tags": tags,
                    "at_least_one": mode != Mode::Auto, "stop_after_first": single,
                    "excludes": ["<think>", "</think>"]})
+        }
+    }
+}
+
+/// Calls wrapped in a section (DeepSeek, Kimi): `required` is the section holding one or
+/// more calls, a named tool the section with that call, `auto` free text with sections.
+fn sectioned_calls(cf: CallFormat, tools: &[(&str, Value)], mode: Mode, single: bool) -> Value {
+    const DS_OPEN: &str = "<｜tool▁calls▁begin｜>";
+    const DS_CLOSE: &str = "<｜tool▁calls▁end｜>";
+    const KIMI_OPEN: &str = "<|tool_calls_section_begin|>";
+    const KIMI_CLOSE: &str = "<|tool_calls_section_end|>";
+    let (open, close, separator) = match cf {
+        CallFormat::DeepSeekV3 => (DS_OPEN, DS_CLOSE, "\n"),
+        CallFormat::DeepSeekV31 => (DS_OPEN, DS_CLOSE, ""),
+        _ => (KIMI_OPEN, KIMI_CLOSE, ""),
+    };
+    // (begin, content, end) of one call.
+    let call = |name: &str, args: &Value| -> (String, Value, String) {
+        match cf {
+            CallFormat::DeepSeekV3 => (
+                format!("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"),
+                json_schema(args.clone()),
+                "\n```<｜tool▁call▁end｜>".to_owned(),
+            ),
+            CallFormat::DeepSeekV31 => (
+                format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"),
+                json_schema(args.clone()),
+                "<｜tool▁call▁end｜>".to_owned(),
+            ),
+            _ => (
+                format!("<|tool_call_begin|>functions.{name}:"),
+                json!({"type": "sequence", "elements": [
+                    {"type": "regex", "pattern": "\\d+"},
+                    {"type": "const_string", "value": "<|tool_call_argument_begin|>"},
+                    json_schema(args.clone())]}),
+                "<|tool_call_end|>".to_owned(),
+            ),
+        }
+    };
+    let tag = |(begin, content, end): (String, Value, String)| json!({"type": "tag", "begin": begin, "content": content, "end": end});
+    let list = json!({"type": "tags_with_separator",
+        "tags": tools.iter().map(|(n, a)| tag(call(n, a))).collect::<Vec<_>>(),
+        "separator": separator, "at_least_one": true, "stop_after_first": single});
+    let kimi = !matches!(cf, CallFormat::DeepSeekV3 | CallFormat::DeepSeekV31);
+    let section = |content: Value| {
+        if kimi {
+            json!({"type": "sequence", "elements": [
+                {"type": "const_string", "value": open}, content,
+                {"type": "const_string", "value": close}]})
+        } else {
+            json!({"type": "tag", "begin": open, "content": content, "end": close})
+        }
+    };
+    match mode {
+        Mode::Forced => match (tools, kimi) {
+            ([(name, args)], false) => {
+                let (begin, content, end) = call(name, args);
+                json!({"type": "tag", "begin": format!("{open}{begin}"), "content": content,
+                       "end": format!("{end}{close}")})
+            }
+            ([(name, args)], true) => section(tag(call(name, args))),
+            _ => section(list),
+        },
+        Mode::Required => section(list),
+        Mode::Auto => {
+            let mut excludes = vec!["<think>", "</think>"];
+            if kimi {
+                excludes.push("<|tool_call_begin|>");
+            }
+            json!({"type": "triggered_tags", "triggers": [open],
+                "tags": [{"type": "tag", "begin": open, "content": list, "end": close}],
+                "at_least_one": false, "stop_after_first": single, "excludes": excludes})
         }
     }
 }
@@ -518,5 +604,38 @@ mod tests {
             plan(&r, None, ctx(Some("hermes"), Some("qwen3"))).expect("ok"),
             None
         );
+    }
+
+    /// The probe tools of the vllm-rs goldens below: one plain tool, one strict.
+    fn probe_tools() -> Value {
+        json!([{"type": "function", "function": {"name": "get_weather", "description": "Get weather",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+               {"type": "function", "function": {"name": "get_time", "strict": true,
+                 "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"],
+                                "additionalProperties": false}}}])
+    }
+
+    /// Byte-for-byte what `vllm-rs render` (vllm 0.33.0) sends for the same request.
+    #[test]
+    fn tags_match_vllm_rs_render() {
+        let msgs = json!([{"role": "user", "content": "Weather in Paris?"}]);
+        let cases = [
+            ("deepseek_v3", json!({"type": "function", "function": {"name": "get_time"}}), None, "{\"type\":\"structural_tag\",\"format\":{\"type\":\"tag\",\"begin\":\"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\\n```json\\n\",\"content\":{\"type\":\"json_schema\",\"json_schema\":{\"type\":\"object\",\"properties\":{\"tz\":{\"type\":\"string\"}},\"required\":[\"tz\"],\"additionalProperties\":false},\"style\":\"json\",\"any_order\":false,\"max_whitespace_cnt\":null,\"excludes\":[]},\"end\":\"\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>\"}}"),
+            ("kimi_k2", json!("required"), Some(false), "{\"type\":\"structural_tag\",\"format\":{\"type\":\"sequence\",\"elements\":[{\"type\":\"const_string\",\"value\":\"<|tool_calls_section_begin|>\"},{\"type\":\"tags_with_separator\",\"tags\":[{\"type\":\"tag\",\"begin\":\"<|tool_call_begin|>functions.get_weather:\",\"content\":{\"type\":\"sequence\",\"elements\":[{\"type\":\"regex\",\"pattern\":\"\\\\d+\"},{\"type\":\"const_string\",\"value\":\"<|tool_call_argument_begin|>\"},{\"type\":\"json_schema\",\"json_schema\":true,\"style\":\"json\",\"any_order\":false,\"max_whitespace_cnt\":null,\"excludes\":[]}]},\"end\":\"<|tool_call_end|>\"},{\"type\":\"tag\",\"begin\":\"<|tool_call_begin|>functions.get_time:\",\"content\":{\"type\":\"sequence\",\"elements\":[{\"type\":\"regex\",\"pattern\":\"\\\\d+\"},{\"type\":\"const_string\",\"value\":\"<|tool_call_argument_begin|>\"},{\"type\":\"json_schema\",\"json_schema\":{\"type\":\"object\",\"properties\":{\"tz\":{\"type\":\"string\"}},\"required\":[\"tz\"],\"additionalProperties\":false},\"style\":\"json\",\"any_order\":false,\"max_whitespace_cnt\":null,\"excludes\":[]}]},\"end\":\"<|tool_call_end|>\"}],\"separator\":\"\",\"at_least_one\":true,\"stop_after_first\":true},{\"type\":\"const_string\",\"value\":\"<|tool_calls_section_end|>\"}]}}"),
+            ("hermes", Value::Null, None, "{\"type\":\"structural_tag\",\"format\":{\"type\":\"triggered_tags\",\"triggers\":[\"<tool_call>\"],\"tags\":[{\"type\":\"tag\",\"begin\":\"<tool_call>\\n{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \",\"content\":{\"type\":\"json_schema\",\"json_schema\":true,\"style\":\"json\",\"any_order\":false,\"max_whitespace_cnt\":null,\"excludes\":[]},\"end\":\"}\\n</tool_call>\"},{\"type\":\"tag\",\"begin\":\"<tool_call>{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \",\"content\":{\"type\":\"json_schema\",\"json_schema\":true,\"style\":\"json\",\"any_order\":false,\"max_whitespace_cnt\":null,\"excludes\":[]},\"end\":\"}</tool_call>\"},{\"type\":\"tag\",\"begin\":\"<tool_call>\\n{\\\"name\\\": \\\"get_time\\\", \\\"arguments\\\": \",\"content\":{\"type\":\"json_schema\",\"json_schema\":{\"type\":\"object\",\"properties\":{\"tz\":{\"type\":\"string\"}},\"required\":[\"tz\"],\"additionalProperties\":false},\"style\":\"json\",\"any_order\":false,\"max_whitespace_cnt\":null,\"excludes\":[]},\"end\":\"}\\n</tool_call>\"},{\"type\":\"tag\",\"begin\":\"<tool_call>{\\\"name\\\": \\\"get_time\\\", \\\"arguments\\\": \",\"content\":{\"type\":\"json_schema\",\"json_schema\":{\"type\":\"object\",\"properties\":{\"tz\":{\"type\":\"string\"}},\"required\":[\"tz\"],\"additionalProperties\":false},\"style\":\"json\",\"any_order\":false,\"max_whitespace_cnt\":null,\"excludes\":[]},\"end\":\"}</tool_call>\"}],\"at_least_one\":false,\"stop_after_first\":false,\"excludes\":[]}}"),
+        ];
+        for (parser, choice, parallel, want) in cases {
+            let mut body = json!({"messages": msgs, "tools": probe_tools()});
+            if !choice.is_null() {
+                body["tool_choice"] = choice;
+            }
+            if let Some(p) = parallel {
+                body["parallel_tool_calls"] = json!(p);
+            }
+            let p = plan(&req(body), None, ctx(Some(parser), None))
+                .expect("ok")
+                .expect("a plan");
+            assert_eq!(p.structured_outputs["structural_tag"], want, "{parser}");
+        }
     }
 }
