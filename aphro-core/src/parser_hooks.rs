@@ -98,10 +98,8 @@ const KEEPS_SPECIAL_TOKENS: [&str; 19] = [
 
 impl RenderHooks for ParserHooks {
     fn reasoning_ended(&self, prompt_ids: &[u32], _kwargs: &Map<String, Value>) -> Option<bool> {
-        let (start, end) = self.reasoning_markers?;
-        let tail = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_TAIL_IDS)..];
-        let text = self.model.tokenizer.decode(tail, false).ok()?;
-        Some(reasoning_ended_in(&text, start, end))
+        self.reasoning_markers?;
+        Some(self.prompt_reasoning(prompt_ids) == PromptReasoning::Closed)
     }
 
     fn has_reasoning_parser(&self) -> bool {

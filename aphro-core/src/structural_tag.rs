@@ -161,20 +161,7 @@ impl Builder<'_> {
                 .ok_or_else(|| format!("{path}: `{ty}` needs a list `{k}`"))
         };
         let bool_field = |k: &str| obj.get(k).and_then(Value::as_bool).unwrap_or(false);
-        let strings = |k: &str| -> Result<Vec<String>, String> {
-            match obj.get(k) {
-                None | Some(Value::Null) => Ok(Vec::new()),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| {
-                        v.as_str()
-                            .map(str::to_owned)
-                            .ok_or_else(|| format!("{path}: `{k}` must be a list of strings"))
-                    })
-                    .collect(),
-                Some(_) => Err(format!("{path}: `{k}` must be a list of strings")),
-            }
-        };
+        let strings = |k: &str| string_list(obj, k, path);
         let content = |b: &mut Self, tail: Option<&[String]>| -> Result<String, String> {
             let c = obj
                 .get("content")
@@ -426,18 +413,7 @@ impl Builder<'_> {
         if tags.is_empty() {
             return Err(format!("{path}: `triggered_tags` needs at least one tag"));
         }
-        let mut excludes: Vec<String> = match obj.get("excludes") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("{path}: `excludes` must be a list of strings"))
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(format!("{path}: `excludes` must be a list of strings")),
-        };
+        let mut excludes = string_list(obj, "excludes", path)?;
         // The free text holds no trigger: once one appears, its tag must follow.
         excludes.extend(triggers.iter().cloned());
         let text = self.text_terminal(&excludes, None);
@@ -525,6 +501,19 @@ impl Builder<'_> {
         let ends: Vec<String> = tail.iter().map(|e| lit(e)).collect();
         let body = format!("{text} {}", alt(&ends));
         self.rule("st_text", &attrs, &body)
+    }
+}
+
+/// An optional list of strings (`excludes`): absent or null is empty.
+fn string_list(obj: &Map<String, Value>, k: &str, path: &str) -> Result<Vec<String>, String> {
+    let bad = || format!("{path}: `{k}` must be a list of strings");
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
+            .collect(),
+        Some(_) => Err(bad()),
     }
 }
 

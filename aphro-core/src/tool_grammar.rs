@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{Error, Result};
 use crate::protocol::ChatCompletionRequest;
+use crate::structured::{Constraint, ConstraintKind};
 
 /// The parsers a render is configured with, and where the prompt left reasoning.
 #[derive(Debug, Clone, Copy)]
@@ -394,64 +395,39 @@ fn sectioned_calls(cf: CallFormat, tools: &[(&str, Value)], mode: Mode, single: 
 
 /// A request constraint as a structural-tag format (whitespace options do not carry over).
 fn constraint_format(so: &Value) -> Result<Value> {
-    let bad = |m: &str| Error::for_param(m.to_owned(), "structured_outputs");
-    let obj = so
-        .as_object()
-        .ok_or_else(|| bad("structured_outputs must be an object."))?;
-    let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
-    if let Some(j) = get("json") {
-        let schema = match j {
-            Value::String(s) => serde_json::from_str(s).map_err(|e| {
-                bad(&format!(
-                    "Invalid grammar specification: `json` is not valid JSON: {e}"
-                ))
-            })?,
-            other => other.clone(),
-        };
-        return Ok(json_schema(schema));
-    }
-    if get("json_object").is_some() {
-        return Ok(json_schema(json!({"type": "object"})));
-    }
-    if let Some(r) = get("regex") {
-        return Ok(json!({"type": "regex", "pattern": r}));
-    }
-    if let Some(c) = get("choice") {
-        let items = c
-            .as_array()
-            .ok_or_else(|| bad("Invalid grammar specification: `choice` must be a list."))?;
-        let elements: Vec<Value> = items
+    let bad = |m: String| Error::for_param(m, "structured_outputs");
+    // The engine's own reading of the constraint, so both sides accept and refuse alike.
+    Ok(match Constraint::from_structured_outputs(so)?.kind {
+        ConstraintKind::Json(schema) => json_schema(schema),
+        ConstraintKind::JsonObject => json_schema(json!({"type": "object"})),
+        ConstraintKind::Regex(pattern) => json!({"type": "regex", "pattern": pattern}),
+        ConstraintKind::Choice(choices) => json!({"type": "or", "elements": choices
             .iter()
-            .map(|v| json!({"type": "const_string", "value": v}))
-            .collect();
-        return Ok(json!({"type": "or", "elements": elements}));
-    }
-    if let Some(g) = get("grammar") {
-        return Ok(json!({"type": "grammar", "grammar": g}));
-    }
-    if let Some(t) = get("structural_tag") {
-        let tag: Value = match t {
-            Value::String(s) => serde_json::from_str(s).map_err(|e| {
-                bad(&format!(
-                    "Invalid structural_tag specification: not valid JSON: {e}"
-                ))
-            })?,
-            other => other.clone(),
-        };
-        let format = match tag.get("format") {
-            Some(f) => f.clone(),
-            None => tag
-                .as_object()
-                .map(crate::structural_tag::legacy_to_format)
-                .transpose()
-                .map_err(|e| bad(&format!("Invalid structural_tag specification: {e}")))?
-                .ok_or_else(|| bad("Invalid structural_tag specification: not an object."))?,
-        };
-        return Ok(normalize(&format));
-    }
-    Err(bad(
-        "You must use one kind of structured outputs constraint but none are specified.",
-    ))
+            .map(|c| json!({"type": "const_string", "value": c}))
+            .collect::<Vec<_>>()}),
+        ConstraintKind::Grammar(g) => json!({"type": "grammar", "grammar": g}),
+        ConstraintKind::StructuralTag(t) => {
+            let tag: Value = match t {
+                Value::String(s) => serde_json::from_str(&s).map_err(|e| {
+                    bad(format!(
+                        "Invalid structural_tag specification: not valid JSON: {e}"
+                    ))
+                })?,
+                other => other,
+            };
+            let format = match (tag.get("format"), tag.as_object()) {
+                (Some(f), _) => f.clone(),
+                (None, Some(obj)) => crate::structural_tag::legacy_to_format(obj)
+                    .map_err(|e| bad(format!("Invalid structural_tag specification: {e}")))?,
+                (None, None) => {
+                    return Err(bad(
+                        "Invalid structural_tag specification: not an object.".into()
+                    ))
+                }
+            };
+            normalize(&format)
+        }
+    })
 }
 
 /// A format with xgrammar's defaults filled in and its fields in xgrammar's order, as vllm-rs
