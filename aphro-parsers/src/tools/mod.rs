@@ -519,7 +519,7 @@ impl FormatStage {
             match ev {
                 Early::Call { name, id, args } => {
                     let index = self.found;
-                    self.found += 1;
+                    self.found = self.found.saturating_add(1);
                     if index >= limit {
                         continue;
                     }
@@ -537,7 +537,8 @@ impl FormatStage {
                     if a.is_empty() || index >= limit || index >= self.sent.len() {
                         continue;
                     }
-                    self.sent[index].1 += a.len();
+                    // Saturating: a restored snapshot may carry any count.
+                    self.sent[index].1 = self.sent[index].1.saturating_add(a.len());
                     match out.tool_calls.last_mut() {
                         Some(last) if last.index == index => last.arguments.push_str(&a),
                         _ => out.tool_calls.push(DeltaToolCall {
