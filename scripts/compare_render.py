@@ -364,21 +364,6 @@ DOCUMENTED_DIFFERENCES += [
                "vllm-rs fills it whenever the request has template kwargs"},
 ]
 
-# --- known gaps -----------------------------------------------------------------------------
-_HARMONY_GAP_REQUESTS = [
-    "chat/system_user", "chat/developer_role", "chat/system_user_assistant", "chat/multi_turn",
-    "chat/no_generation_prompt", "chat/special_token_text_in_content", "chat/continue_final_message",
-    "chat/request_chat_template", "chat/tools_*", "chat/tool_history*", "chat_invalid/unknown_role",
-]
-DOCUMENTED_DIFFERENCES += [
-    {"request": name, "path": ".", "model": "fixture:gpt_oss*", "gap": True,
-     "reason": "gpt-oss: Python renders with openai-harmony (renderers/online_renderer.py, use_harmony), aphro with "
-               "the model's Jinja template; the ids differ with system/developer messages and earlier turns, where "
-               "the template fails (a tool without a description) and where the paths disagree (a request "
-               "chat_template, continue_final_message, unknown roles)"}
-    for name in _HARMONY_GAP_REQUESTS
-]
-
 # --- fixture models --------------------------------------------------------------------------
 
 # Model directories assembled from the tokenizer fixtures: the tokenizer files plus a config.json
@@ -541,13 +526,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+HARMONY_START_DATE = "2025-07-15"
+
+
 class Server:
     def __init__(self, label, argv, port, log_dir):
         self.label, self.argv, self.port = label, argv, port
         self.log_path = Path(log_dir) / f"{label}.log"
         self.log = open(self.log_path, "wb")
+        # Both render gpt-oss's Harmony preamble with a `Current date:` line: pin it.
+        env = dict(os.environ)
+        env.setdefault("VLLM_SYSTEM_START_DATE", HARMONY_START_DATE)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=env)
 
     def wait_ready(self, deadline):
         while time.time() < deadline:
@@ -926,7 +917,8 @@ def run_model(spec, args, corpus, log_root):
             rows.append({"name": entry["name"], "status": (res["aphro"][0], res["vllm-rs"][0]),
                          "diffs": [(p, va, vb, det, documented(entry["name"], p, va, vb, (res["aphro"][0], res["vllm-rs"][0]), spec))
                                    for p, va, vb, det in diffs],
-                         "bodies": (res["aphro"][2], res["vllm-rs"][2]), "request": body})
+                         "bodies": (res["aphro"][2], res["vllm-rs"][2]), "request": body,
+                         "method": method, "path": rpath})
         return {"spec": spec, "model": model, "argv": {"aphro": argv_a, "vllm-rs": argv_v},
                 "ready_s": t_ready, "total_s": time.time() - t0, "rows": rows, "log_dir": str(log_dir)}
     finally:
@@ -1046,7 +1038,8 @@ def main():
             return None if b is None else b.decode("utf-8", "replace")
         rep = [{"spec": r["spec"], "model": r["model"], "argv": r["argv"], "ready_s": r["ready_s"],
                 "total_s": r["total_s"],
-                "rows": [{"name": x["name"], "status": x["status"], "request": dec(x["request"]),
+                "rows": [{"name": x["name"], "method": x["method"], "path": x["path"],
+                          "status": x["status"], "request": dec(x["request"]),
                           "aphro": dec(x["bodies"][0]), "vllm_rs": dec(x["bodies"][1]),
                           "diffs": [{"path": p, "aphro": fmt(va, 10 ** 6), "vllm_rs": fmt(vb, 10 ** 6),
                                      "detail": det, "documented": why} for p, va, vb, det, why in x["diffs"]]}

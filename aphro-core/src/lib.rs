@@ -13,6 +13,7 @@ pub mod detokenizer;
 pub mod error;
 pub mod gguf;
 pub mod gguf_tokenizer;
+pub mod harmony;
 pub mod http_client;
 pub mod kobold;
 pub mod limits;

@@ -2,6 +2,7 @@
 use crate::chat_prompt::{ChatPrompter, RenderedChat, ToolArguments};
 use crate::content_parts::{ContentCapabilities, Modality};
 use crate::error::{Error, Result};
+use crate::harmony::{HarmonyOptions, HarmonyRenderer};
 use crate::model::{GenerationDefaults, Model, DEFAULT_MAX_MODEL_LEN};
 use crate::protocol::*;
 use crate::template::{Clock, ContentFormat, SystemClock};
@@ -63,6 +64,9 @@ pub struct RenderOptions {
     pub tool_call_parser: Option<String>,
     /// `--enable-auto-tool-choice`.
     pub enable_auto_tool_choice: bool,
+    /// The Harmony preamble of gpt-oss prompts (vLLM's `VLLM_SYSTEM_START_DATE` and
+    /// `VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS`).
+    pub harmony: HarmonyOptions,
 }
 
 impl Default for RenderOptions {
@@ -84,6 +88,7 @@ impl Default for RenderOptions {
             // vLLM's defaults; its render path refuses tool choices that need a parser then.
             tool_call_parser: None,
             enable_auto_tool_choice: false,
+            harmony: HarmonyOptions::default(),
         }
     }
 }
@@ -100,6 +105,14 @@ impl std::fmt::Debug for RenderOptions {
     }
 }
 
+/// vLLM refuses a request `chat_template` unless `--trust-request-chat-template` is set.
+fn untrusted_chat_template() -> Error {
+    Error::bad_request(
+        "Chat template is passed with request, but --trust-request-chat-template is not set. \
+         Refused request with untrusted chat template.",
+    )
+}
+
 /// Loaded once; `render_*` take `&self` and can be called from many threads.
 pub struct Renderer {
     model: Arc<Model>,
@@ -108,7 +121,8 @@ pub struct Renderer {
     max_model_len: usize,
     /// Longest prompt (characters) that is tokenized at all; see [`crate::limits`].
     max_prompt_chars: usize,
-    harmony: bool,
+    /// gpt-oss: chats render as Harmony, not through the Jinja template (as vLLM does).
+    harmony: Option<HarmonyRenderer>,
 }
 
 impl std::fmt::Debug for Renderer {
@@ -167,7 +181,13 @@ impl Renderer {
             .max_model_len
             .or(model.max_model_len)
             .unwrap_or(DEFAULT_MAX_MODEL_LEN);
-        let harmony = model.model_type.as_deref() == Some("gpt_oss");
+        let harmony = match model.model_type.as_deref() {
+            Some("gpt_oss") => Some(HarmonyRenderer::new(
+                &model.tokenizer,
+                options.harmony.clone(),
+            )?),
+            _ => None,
+        };
         let max_prompt_chars = options
             .limits
             .prompt_chars_limit(max_model_len, &model.tokenizer);
@@ -287,7 +307,7 @@ impl Renderer {
     fn check_tool_parsing(&self, req: &ChatCompletionRequest) -> Result<()> {
         let parser_available =
             self.options.tool_call_parser.is_some() && self.options.enable_auto_tool_choice;
-        if parser_available || self.harmony {
+        if parser_available || self.harmony.is_some() {
             return Ok(());
         }
         let defaulted = Value::String("auto".into());
@@ -325,10 +345,7 @@ impl Renderer {
     /// Template → prompt string only (no tokenization).
     pub fn render_chat_prompt(&self, req: &ChatCompletionRequest) -> Result<RenderedChat> {
         if req.chat_template.is_some() {
-            return Err(Error::bad_request(
-                "Chat template is passed with request, but --trust-request-chat-template is not set. \
-                 Refused request with untrusted chat template.",
-            ));
+            return Err(untrusted_chat_template());
         }
         let prompter = self.prompter.as_ref().ok_or_else(|| {
             Error::bad_request(
@@ -342,6 +359,33 @@ impl Renderer {
         // `--default-chat-template-kwargs` reach the template under the request's own (vLLM
         // merges them before rendering); only the request's keys are held to strictness.
         prompter.render_with_defaults(req, &self.options.default_chat_template_kwargs)
+    }
+
+    /// A chat's prompt ids (and offsets when asked), with the normalized tools the prompt
+    /// shows. gpt-oss renders as Harmony; every other model through its chat template.
+    fn render_chat_ids(
+        &self,
+        req: &ChatCompletionRequest,
+        with_offsets: bool,
+    ) -> Result<(Vec<u32>, Option<Offsets>, Option<Vec<Value>>)> {
+        let Some(harmony) = &self.harmony else {
+            let rendered = self.render_chat_prompt(req)?;
+            let (ids, offsets) =
+                self.encode_checked(&rendered.prompt, req.add_special_tokens, with_offsets)?;
+            return Ok((ids, offsets, rendered.tools));
+        };
+        // A request `chat_template` is not refused: Harmony has no template to replace, and
+        // vLLM renders such a request as Harmony too.
+        if let (Some(p), true) = (&self.prompter, self.options.strict_template_kwargs) {
+            p.check_kwargs_are_read(req)?;
+        }
+        let today = self.options.clock.now().format("%Y-%m-%d").to_string();
+        let (ids, offsets) = harmony.render(req, &today)?;
+        let tools = req
+            .tools
+            .as_ref()
+            .map(|t| t.iter().map(crate::chat_prompt::normalize_tool).collect());
+        Ok((ids, with_offsets.then_some(offsets), tools))
     }
 
     /// `POST /v1/chat/completions/render` with the body's `request_id`.
@@ -362,12 +406,8 @@ impl Renderer {
             .check_tools(req.tools.as_ref().map_or(0, Vec::len))?;
         self.check_chat_chars(&req.messages)?;
         self.check_tool_parsing(req)?;
-        let mut rendered = self.render_chat_prompt(req)?;
-        let (mut ids, offsets) = self.encode_checked(
-            &rendered.prompt,
-            req.add_special_tokens,
-            req.return_token_offsets,
-        )?;
+        let (mut ids, offsets, normalized_tools) =
+            self.render_chat_ids(req, req.return_token_offsets)?;
         truncate_prompt(
             &mut ids,
             req.truncate_prompt_tokens,
@@ -462,11 +502,15 @@ impl Renderer {
             .sum();
         let parse_context = ParseContext {
             // Normalized once, for the template.
-            tools: rendered.tools.take(),
+            tools: normalized_tools,
             tool_choice: Some(tool_choice),
             parallel_tool_calls: Some(req.parallel_tool_calls.unwrap_or(true)),
             include_reasoning: req.include_reasoning,
-            chat_template_kwargs: if self.harmony { Map::new() } else { kwargs },
+            chat_template_kwargs: if self.harmony.is_some() {
+                Map::new()
+            } else {
+                kwargs
+            },
             history_tool_call_cnt,
             extra: Map::new(),
         };
@@ -839,12 +883,7 @@ impl Renderer {
                 self.options
                     .limits
                     .check_tools(chat.tools.as_ref().map_or(0, Vec::len))?;
-                let rendered = self.render_chat_prompt(&chat)?;
-                (
-                    self.encode_checked(&rendered.prompt, c.add_special_tokens, false)?
-                        .0,
-                    c.return_token_strs,
-                )
+                (self.render_chat_ids(&chat, false)?.0, c.return_token_strs)
             }
         };
         let token_strs = want_strs.then(|| {

@@ -101,6 +101,9 @@ impl FrontendOptions {
             limits: self.limits.clone(),
             tool_call_parser: self.tool_call_parser.clone(),
             enable_auto_tool_choice: self.enable_auto_tool_choice,
+            // vLLM reads the Harmony preamble's date and instruction placement from its
+            // environment; so does the server.
+            harmony: aphro_core::harmony::HarmonyOptions::from_env(),
             ..RenderOptions::default()
         };
         options
