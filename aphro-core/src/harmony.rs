@@ -541,16 +541,15 @@ impl<'a> Encoder<'a> {
         if let Some(r) = m.recipient.as_deref().filter(|r| *r != "all") {
             self.text(&format!(" to={r}"))?;
         }
-        match m.content_type {
-            Some(ct) => match ct.strip_prefix("<|constrain|>") {
+        if let Some(ct) = m.content_type {
+            match ct.strip_prefix("<|constrain|>") {
                 Some(rest) => {
                     self.text(" ")?;
                     self.special(ids.constrain);
                     self.text(rest)?;
                 }
                 None => self.text(&format!(" {ct}"))?,
-            },
-            None => {}
+            }
         }
         self.special(ids.message);
         match &m.content {

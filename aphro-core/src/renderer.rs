@@ -143,6 +143,8 @@ fn supported_modalities(_model: &Model) -> BTreeSet<Modality> {
 
 /// Character offsets of each token in the prompt (`return_token_offsets`).
 type Offsets = Vec<(usize, usize)>;
+/// A chat prompt's ids, their offsets when asked, and the normalized tools the prompt shows.
+type RenderedChatIds = (Vec<u32>, Option<Offsets>, Option<Vec<Value>>);
 
 impl Renderer {
     /// Compiles the template once; errors in it surface here, not per request.
@@ -367,7 +369,7 @@ impl Renderer {
         &self,
         req: &ChatCompletionRequest,
         with_offsets: bool,
-    ) -> Result<(Vec<u32>, Option<Offsets>, Option<Vec<Value>>)> {
+    ) -> Result<RenderedChatIds> {
         let Some(harmony) = &self.harmony else {
             let rendered = self.render_chat_prompt(req)?;
             let (ids, offsets) =
