@@ -64,10 +64,32 @@ pub fn swiglu(g: &mut [f32], u: &[f32]) {
 }
 
 /// Paged attention over host slices: `q: [tokens, heads * d]`, caches `[slots, kv_heads * d]`.
-/// One task per (query row, KV head) handles that KV head's whole query group, so each
-/// key and value row is read once per group; keys are walked block by block through the
-/// block table (no gather). Rows no sequence owns stay zero.
+/// Sequences with many query rows in the step (prefill chunks) take the tiled kernel of
+/// [`super::flash`]; decode rows and short chunks the per-row kernel. Rows no sequence owns
+/// stay zero.
 pub fn paged_attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    seqs: &[AttnSeq<'_>],
+    shape: &AttnShape,
+) -> Vec<f32> {
+    let (tiled, per_row): (Vec<&AttnSeq<'_>>, Vec<&AttnSeq<'_>>) = seqs
+        .iter()
+        .partition(|s| s.q_len >= super::flash::MIN_TILED_ROWS);
+    if tiled.is_empty() {
+        return paged_attention_rows(q, k_cache, v_cache, seqs, shape);
+    }
+    let per_row: Vec<AttnSeq<'_>> = per_row.into_iter().copied().collect();
+    let mut out = paged_attention_rows(q, k_cache, v_cache, &per_row, shape);
+    super::flash::prefill_attention(q, k_cache, v_cache, &tiled, shape, &mut out);
+    out
+}
+
+/// The per-row kernel: one task per (query row, KV head) handles that KV head's whole query
+/// group, so each key and value row is read once per group; keys are walked block by block
+/// through the block table (no gather). Rows no sequence in `seqs` owns stay zero.
+pub fn paged_attention_rows(
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],

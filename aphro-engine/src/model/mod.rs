@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod cpu;
+pub mod flash;
 pub mod llama;
 pub mod ops;
 pub mod quant;

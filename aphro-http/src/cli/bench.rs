@@ -1,6 +1,7 @@
-//! `aphro bench`: engine throughput on synthetic prompts — prefill tok/s (512-token prompt),
-//! decode tok/s at batch 1 (128 tokens), aggregate decode tok/s at 8/16/32 concurrent
-//! requests. Greedy, `ignore_eos`, prefix caching off unless asked for (repeated prompts
+//! `aphro bench`: engine throughput on synthetic prompts — prefill tok/s at 512 / 2k / 4k / 8k
+//! prompt tokens, batch-1 decode tok/s (128 tokens) from context 0 / 2k / 8k, aggregate decode
+//! tok/s at 8/16/32 concurrent requests, and a running decode's inter-token latency while an
+//! 8k prompt prefills. Greedy, `ignore_eos`, prefix caching off unless asked for (repeated prompts
 //! would otherwise hit the cache).
 use anyhow::Context;
 use aphro_engine::engine::Engine;
@@ -17,21 +18,37 @@ use super::generate::EngineArgs;
 pub struct Args {
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Print `{"prefill_tok_s", "decode_tok_s", "aggregate_tok_s": {"8", "16", "32"}}`.
+    /// Print one JSON object: `prefill` (`[{prompt_tokens, tok_s}]`), `decode`
+    /// (`[{context, tok_s}]`), `aggregate_tok_s` (`{"8": ..}`), `stall` (or null), and
+    /// `prefill_tok_s` / `decode_tok_s` (the first point of each).
     #[arg(long)]
     pub json: bool,
-    /// Prompt length of the prefill measurement.
-    #[arg(long, default_value_t = 512, hide = true)]
-    pub prefill_len: usize,
+    /// Prompt lengths of the prefill measurements (each capped to `max_model_len - 1`).
+    #[arg(
+        long,
+        alias = "prefill-len",
+        value_delimiter = ',',
+        default_value = "512,2048,4096,8192"
+    )]
+    pub prefill_lens: Vec<usize>,
+    /// Context lengths the batch-1 decode measurements start from (each capped so the
+    /// decoded tokens fit in `max_model_len`); 0 = a one-token prompt.
+    #[arg(long, value_delimiter = ',', default_value = "0,2048,8192")]
+    pub decode_contexts: Vec<usize>,
     /// Tokens generated per request in the decode measurements.
-    #[arg(long, default_value_t = 128, hide = true)]
+    #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Prompt length of the decode requests.
+    /// Prompt length of the aggregate-decode requests.
     #[arg(long, default_value_t = 32, hide = true)]
     pub decode_prompt_len: usize,
     /// Concurrency levels of the aggregate measurement.
-    #[arg(long, value_delimiter = ',', default_value = "8,16,32", hide = true)]
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
     pub concurrency: Vec<usize>,
+    /// Prompt length of the stall measurement: a running decode's inter-token latency while a
+    /// prompt this long prefills, next to its idle value (capped to `max_model_len - 1`;
+    /// 0 skips it).
+    #[arg(long, default_value_t = 8192)]
+    pub stall_prompt_len: usize,
 }
 
 /// Synthetic prompt `salt` of `len` ordinary (non-special) token ids.
@@ -84,6 +101,111 @@ fn run_batch(engine: &Engine, reqs: Vec<EngineRequest>) -> anyhow::Result<(f64, 
     Ok((wall, total, decode_span))
 }
 
+/// A running decode's inter-token latency, idle and while a long prompt prefills.
+#[derive(Debug)]
+struct Stall {
+    prompt_tokens: usize,
+    idle_itl_s: f64,
+    itl_median_s: f64,
+    itl_max_s: f64,
+    tokens_during_prefill: usize,
+    prefill_s: f64,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Start a decode, let it settle (idle gaps), submit a `long` prompt, and read the decode's
+/// gaps until that prompt's first token: what a chat stream feels while a long prompt lands.
+fn measure_stall(
+    engine: &Engine,
+    decode: EngineRequest,
+    long: EngineRequest,
+) -> anyhow::Result<Stall> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    const IDLE_TOKENS: usize = 24;
+    let prompt_tokens = long.prompt_token_ids.len();
+    let stamps = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut stream = engine.generate(decode);
+    let consumer = {
+        let (stamps, stop) = (stamps.clone(), stop.clone());
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            futures::executor::block_on(async {
+                while !stop.load(Ordering::Acquire) {
+                    let Some(item) = stream.next().await else {
+                        break;
+                    };
+                    let out = item.context("stall decode failed")?;
+                    if !out.token_ids.is_empty() {
+                        stamps.lock().expect("stamps").push(Instant::now());
+                    }
+                }
+                Ok(())
+            })
+            // Dropping the stream aborts the decode.
+        })
+    };
+    let count = || stamps.lock().expect("stamps").len();
+    while count() < IDLE_TOKENS && !consumer.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let submitted = Instant::now();
+    let (prefill_s, _, _) = run_batch(engine, vec![long])?;
+    let done = Instant::now();
+    stop.store(true, Ordering::Release);
+    let stamps = stamps.lock().expect("stamps").clone();
+    consumer
+        .join()
+        .map_err(|_| anyhow::anyhow!("stall consumer panicked"))??;
+    let gaps = |from: Instant, to: Instant| -> Vec<f64> {
+        stamps
+            .windows(2)
+            .filter(|w| w[1] > from && w[1] <= to)
+            .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+            .collect()
+    };
+    // Skip the first few idle gaps (the decode's own prefill and warm-up).
+    let idle: Vec<f64> = stamps
+        .windows(2)
+        .skip(4)
+        .take_while(|w| w[1] <= submitted)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+        .collect();
+    // The gap still open when the prompt finished counts for the maximum (a decode starved
+    // for the whole prefill has no complete gap inside the window at all).
+    let during = gaps(submitted, done);
+    let open = stamps
+        .iter()
+        .rev()
+        .find(|t| **t <= done)
+        .map_or(0.0, |last| done.duration_since(*last).as_secs_f64());
+    let itl_max_s = during.iter().copied().fold(open, f64::max);
+    let itl_median_s = if during.is_empty() {
+        open
+    } else {
+        median(during)
+    };
+    let tokens_during_prefill = stamps
+        .iter()
+        .filter(|t| **t > submitted && **t <= done)
+        .count();
+    Ok(Stall {
+        prompt_tokens,
+        idle_itl_s: median(idle),
+        itl_max_s,
+        itl_median_s,
+        tokens_during_prefill,
+        prefill_s,
+    })
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = args.engine.serving_config(false)?;
     cfg.tokens_only = true;
@@ -92,26 +214,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let serving = ServingEngine::new(cfg).context("starting the engine")?;
     let engine = serving.engine();
     let vocab = engine.model_info().vocab_size;
+    let max_len = engine.max_model_len();
     let mut salt = 0usize;
     let mut next = |len: usize| {
         salt += 1;
-        (format!("bench-{salt}"), prompt(len, salt, vocab))
+        (format!("bench-{salt}"), prompt(len.max(1), salt, vocab))
     };
     // Warm-up (thread pools, page faults of the weights).
     let (id, p) = next(16);
     run_batch(engine, vec![request(id, p, 2)])?;
 
-    let (id, p) = next(args.prefill_len);
-    let (wall, _, _) = run_batch(engine, vec![request(id, p, 1)])?;
-    let prefill = args.prefill_len as f64 / wall;
+    let mut prefill = Vec::new();
+    for &len in &args.prefill_lens {
+        let len = len.clamp(1, max_len.saturating_sub(1).max(1));
+        let (id, p) = next(len);
+        let (wall, _, _) = run_batch(engine, vec![request(id, p, 1)])?;
+        prefill.push((len, len as f64 / wall));
+    }
 
-    let (id, p) = next(args.decode_prompt_len);
-    let (_, n, span) = run_batch(engine, vec![request(id, p, args.decode_tokens)])?;
-    let decode = if span > 0.0 {
-        n.saturating_sub(1) as f64 / span
-    } else {
-        0.0
-    };
+    let mut decode = Vec::new();
+    for &context in &args.decode_contexts {
+        let context = context.min(max_len.saturating_sub(args.decode_tokens + 1));
+        let (id, p) = next(context);
+        let (_, n, span) = run_batch(engine, vec![request(id, p, args.decode_tokens)])?;
+        let tok_s = if span > 0.0 {
+            n.saturating_sub(1) as f64 / span
+        } else {
+            0.0
+        };
+        decode.push((context, tok_s));
+    }
 
     let mut aggregate = Vec::new();
     for &c in &args.concurrency {
@@ -124,6 +256,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (wall, n, _) = run_batch(engine, reqs)?;
         aggregate.push((c, n as f64 / wall));
     }
+
+    let stall = if args.stall_prompt_len > 0 {
+        let decode_prompt = args.decode_prompt_len.max(1);
+        let long_len = args
+            .stall_prompt_len
+            .min(max_len.saturating_sub(decode_prompt + 1))
+            .max(1);
+        let (id, p) = next(decode_prompt);
+        // As many tokens as fit: the decode must outlast the prefill.
+        let d = request(id, p, max_len.saturating_sub(decode_prompt).max(1));
+        let (id, p) = next(long_len);
+        Some(measure_stall(engine, d, request(id, p, 1))?)
+    } else {
+        None
+    };
     serving.shutdown();
 
     if args.json {
@@ -131,27 +278,61 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|(c, v)| (c.to_string(), json!(v)))
             .collect();
+        let stall_json = stall.as_ref().map(|s| {
+            json!({
+                "prompt_tokens": s.prompt_tokens,
+                "idle_itl_ms": s.idle_itl_s * 1e3,
+                "itl_median_ms": s.itl_median_s * 1e3,
+                "itl_max_ms": s.itl_max_s * 1e3,
+                "tokens_during_prefill": s.tokens_during_prefill,
+                "prefill_s": s.prefill_s,
+            })
+        });
         println!(
             "{}",
-            json!({"prefill_tok_s": prefill, "decode_tok_s": decode, "aggregate_tok_s": agg})
+            json!({
+                "prefill": prefill.iter().map(|(n, v)| json!({"prompt_tokens": n, "tok_s": v})).collect::<Vec<_>>(),
+                "decode": decode.iter().map(|(c, v)| json!({"context": c, "tok_s": v})).collect::<Vec<_>>(),
+                "aggregate_tok_s": agg,
+                "stall": stall_json,
+                "prefill_tok_s": prefill.first().map(|p| p.1),
+                "decode_tok_s": decode.first().map(|d| d.1),
+            })
         );
     } else {
-        println!("{:<32} {:>10}", "measurement", "tok/s");
-        println!(
-            "{:<32} {:>10.1}",
-            format!("prefill ({} tokens)", args.prefill_len),
-            prefill
-        );
-        println!(
-            "{:<32} {:>10.1}",
-            format!("decode batch 1 ({} tokens)", args.decode_tokens),
-            decode
-        );
+        println!("{:<40} {:>10}", "measurement", "tok/s");
+        for (n, v) in &prefill {
+            println!("{:<40} {:>10.1}", format!("prefill ({n} tokens)"), v);
+        }
+        for (c, v) in &decode {
+            println!(
+                "{:<40} {:>10.1}",
+                format!(
+                    "decode batch 1, context {c} ({} tokens)",
+                    args.decode_tokens
+                ),
+                v
+            );
+        }
         for (c, v) in &aggregate {
             println!(
-                "{:<32} {:>10.1}",
+                "{:<40} {:>10.1}",
                 format!("aggregate decode, {c} concurrent"),
                 v
+            );
+        }
+        if let Some(s) = &stall {
+            println!(
+                "decode inter-token latency while a {}-token prompt prefills ({:.1} s): \
+                 median {:.1} ms, max {:.1} ms, idle {:.1} ms (median {:.2}x idle), \
+                 {} tokens meanwhile",
+                s.prompt_tokens,
+                s.prefill_s,
+                s.itl_median_s * 1e3,
+                s.itl_max_s * 1e3,
+                s.idle_itl_s * 1e3,
+                s.itl_median_s / s.idle_itl_s.max(1e-9),
+                s.tokens_during_prefill
             );
         }
     }
