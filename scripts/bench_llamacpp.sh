@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Same-run CPU throughput comparison: llama.cpp's `llama-bench` and `aphro bench` on one GGUF,
-# back to back (on a shared machine only ratios measured together mean anything).
+# Same-run CPU throughput comparison: llama.cpp's `llama-bench` / `llama-batched-bench` and
+# `aphro bench` on one GGUF, back to back, at 1 and 2 threads (on a shared machine only ratios
+# measured together mean anything). Points: prefill at 512 / 2048 / 4096 / 8192 prompt tokens,
+# batch-1 decode of 128 tokens from context 0 / 2048 / 8064, aggregate decode at 8/16/32
+# concurrent sequences; aphro also reports a decode's inter-token latency while an 8k prompt
+# prefills, and the delay of an abort during that prefill.
 #
 #   scripts/bench_llamacpp.sh [model.gguf]        (default: the SmolLM2 Q4_1 test asset)
+#   scripts/bench_llamacpp.sh --build-only        (just build llama.cpp)
 #
 # llama.cpp is taken from the `llama-cpp-python` sdist on PyPI (it vendors llama.cpp under
-# vendor/llama.cpp) and built once, `llama-bench` only, into a cache outside the repository:
-# ${XDG_CACHE_HOME:-~/.cache}/aphro/llama.cpp. Env: THREADS (default 2), LLAMA_CPP_PY_VERSION,
-# JOBS (build parallelism, default 2).
+# vendor/llama.cpp) and built once into a cache outside the repository:
+# ${XDG_CACHE_HOME:-~/.cache}/aphro/llama.cpp. aphro is the dev-profile binary the tests build
+# (its profile compiles the engine and every dependency at opt-level 3). Env: THREADS (default
+# "1 2"), REPS (llama-bench repetitions, default 2), LLAMA_FA (llama-bench flash attention,
+# default 1: its faster CPU setting at long contexts), LLAMA_CPP_PY_VERSION, JOBS (build
+# parallelism, default 2).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD_ONLY=0
+if [ "${1:-}" = "--build-only" ]; then BUILD_ONLY=1; shift; fi
 MODEL=${1:-$ROOT/.assets/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-THREADS=${THREADS:-2}
+THREADS=${THREADS:-1 2}
+REPS=${REPS:-2}
+LLAMA_FA=${LLAMA_FA:-1}
 JOBS=${JOBS:-2}
 VERSION=${LLAMA_CPP_PY_VERSION:-0.3.16}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/aphro/llama.cpp
@@ -21,7 +33,6 @@ BUILD=$CACHE/build-$VERSION
 BENCH=$BUILD/bin/llama-bench
 BATCHED=$BUILD/bin/llama-batched-bench
 
-[ -f "$MODEL" ] || { echo "model $MODEL not found" >&2; exit 1; }
 mkdir -p "$CACHE"
 
 if [ ! -x "$BENCH" ] || [ ! -x "$BATCHED" ]; then
@@ -56,41 +67,67 @@ PY
     cmake --build "$BUILD" --target llama-bench llama-batched-bench -j"$JOBS" >/dev/null
 fi
 
-(cd "$ROOT" && cargo build --quiet --release -p aphro-http --bin aphro)
-APHRO=${CARGO_TARGET_DIR:-$ROOT/target}/release/aphro
+[ "$BUILD_ONLY" = 1 ] && exit 0
+[ -f "$MODEL" ] || { echo "model $MODEL not found" >&2; exit 1; }
+
+(cd "$ROOT" && cargo build --quiet -p aphro-http --bin aphro)
+APHRO=${CARGO_TARGET_DIR:-$ROOT/target}/debug/aphro
 
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-echo "llama-bench -t $THREADS -p 128,512 -n 128 ..." >&2
-"$BENCH" -m "$MODEL" -t "$THREADS" -p 128,512 -n 128 -o json >"$OUT/llama.json" 2>/dev/null
-# Concurrency: the same shape as `aphro bench`'s aggregate (32-token prompts, 128 new
-# tokens each, 8/16/32 sequences decoded together; prefill counted in the wall time).
-echo "llama-batched-bench -t $THREADS -npp 32 -ntg 128 -npl 8,16,32 ..." >&2
-"$BATCHED" -m "$MODEL" -t "$THREADS" -c 8192 -b 2048 -ub 512 -npp 32 -ntg 128 -npl 8,16,32 \
-    --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/batched.jsonl"
-echo "aphro bench --json ..." >&2
-RAYON_NUM_THREADS=$THREADS "$APHRO" bench --model "$MODEL" --json >"$OUT/aphro.json"
+for T in $THREADS; do
+    echo "[$T threads] llama-bench prefill -p 512,2048,4096,8192 ..." >&2
+    "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p 512,2048,4096,8192 -n 0 \
+        -o json >"$OUT/llama-pp-$T.json" 2>/dev/null
+    echo "[$T threads] llama-bench decode -n 128 -d 0,2048,8064 ..." >&2
+    "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p 0 -n 128 -d 0,2048,8064 \
+        -o json >"$OUT/llama-tg-$T.json" 2>/dev/null
+    # Concurrency: the same shape as `aphro bench`'s aggregate (32-token prompts, 128 new
+    # tokens each, 8/16/32 sequences decoded together; prefill counted in the wall time).
+    echo "[$T threads] llama-batched-bench -npp 32 -ntg 128 -npl 8,16,32 ..." >&2
+    "$BATCHED" -m "$MODEL" -t "$T" -c 8192 -b 2048 -ub 512 -fa "$LLAMA_FA" -npp 32 -ntg 128 \
+        -npl 8,16,32 --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/batched-$T.jsonl"
+    echo "[$T threads] aphro bench --json ..." >&2
+    RAYON_NUM_THREADS=$T "$APHRO" bench --model "$MODEL" --dtype auto --json \
+        --prefill-lens 512,2048,4096,8192 --decode-contexts 0,2048,8064 \
+        >"$OUT/aphro-$T.json"
+done
 
-python3 - "$OUT/llama.json" "$OUT/aphro.json" "$OUT/batched.jsonl" <<'PY'
-import json, sys
-llama = json.load(open(sys.argv[1]))
-aphro = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
-batched = [json.loads(l) for l in open(sys.argv[3]) if l.strip()]
-# Generated tokens over the whole run (prefill included), as `aphro bench` counts them.
-agg = {str(r["pl"]): r["pl"] * r["tg"] / r["t"] for r in batched}
-ts = {}
-for r in llama:
-    key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
-    ts[key] = r["avg_ts"]
-rows = [
-    ("prefill 512 tokens", ts.get("pp512"), aphro["prefill_tok_s"]),
-    ("decode batch 1 (128 tokens)", ts.get("tg128"), aphro["decode_tok_s"]),
-]
-for c, v in aphro.get("aggregate_tok_s", {}).items():
-    rows.append((f"aggregate, {c} concurrent", agg.get(c), v))
-print(f"{'measurement':<30} {'llama.cpp':>10} {'aphro':>10} {'aphro/llama':>12}")
-for name, l, a in rows:
-    ratio = f"{a / l:.2f}" if l else "-"
-    print(f"{name:<30} {l or 0:>10.1f} {a:>10.1f} {ratio:>12}")
-print(f"{'llama.cpp prefill 128 tokens':<30} {ts.get('pp128', 0):>10.1f}")
+python3 - "$OUT" $THREADS <<'PY'
+import json, os, sys
+out, threads = sys.argv[1], sys.argv[2:]
+for t in threads:
+    llama = json.load(open(os.path.join(out, f"llama-pp-{t}.json")))
+    llama += json.load(open(os.path.join(out, f"llama-tg-{t}.json")))
+    aphro = json.loads(open(os.path.join(out, f"aphro-{t}.json")).read().strip().splitlines()[-1])
+    batched = [json.loads(l) for l in open(os.path.join(out, f"batched-{t}.jsonl")) if l.strip()]
+    # Generated tokens over the whole run (prefill included), as `aphro bench` counts them.
+    agg = {str(r["pl"]): r["pl"] * r["tg"] / r["t"] for r in batched}
+    pp = {r["n_prompt"]: r["avg_ts"] for r in llama if r["n_gen"] == 0}
+    tg = {r.get("n_depth", 0): r["avg_ts"] for r in llama if r["n_prompt"] == 0}
+    rows = []
+    for p in aphro["prefill"]:
+        n = p["prompt_tokens"]
+        # aphro's longest prompt is one short of the context (room for the sampled token).
+        key = min(pp, key=lambda k: abs(k - n)) if pp else None
+        rows.append((f"prefill {key or n} tokens", pp.get(key), p["tok_s"]))
+    for d in aphro["decode"]:
+        c = d["context"]
+        rows.append((f"decode 128, context {c}", tg.get(c), d["tok_s"]))
+    for c, v in aphro.get("aggregate_tok_s", {}).items():
+        rows.append((f"aggregate, {c} concurrent", agg.get(c), v))
+    print(f"\n{t} thread(s)")
+    print(f"{'measurement':<30} {'llama.cpp':>10} {'aphro':>10} {'aphro/llama':>12}")
+    for name, l, a in rows:
+        ratio = f"{a / l:.2f}" if l else "-"
+        print(f"{name:<30} {l or 0:>10.1f} {a:>10.1f} {ratio:>12}")
+    s = aphro.get("stall")
+    if s:
+        print(f"decode ITL while a {s['prompt_tokens']}-token prompt prefills: "
+              f"median {s['itl_median_ms']:.1f} ms, max {s['itl_max_ms']:.1f} ms, "
+              f"idle {s['idle_itl_ms']:.1f} ms ({s['itl_median_ms'] / max(s['idle_itl_ms'], 1e-9):.2f}x), "
+              f"prefill {s['prefill_s']:.1f} s")
+    a = aphro.get("abort")
+    if a:
+        print(f"abort during a {a['prompt_tokens']}-token prefill frees the engine after {a['delay_ms']:.0f} ms")
 PY

@@ -35,7 +35,17 @@ pub struct EngineConfig {
     pub max_logprobs: i64,
     /// Seeds the RNG streams of requests without a `seed`; `None` = from OS entropy.
     pub seed: Option<u64>,
+    /// `--long-prefill-token-threshold`: most prompt tokens one sequence prefills per step
+    /// (0 = no limit beyond the step budget).
+    pub long_prefill_token_threshold: usize,
+    /// `--prefill-pacing-ratio`: while decodes run, a step's prefill is sized so the step
+    /// takes at most this multiple of a decode-only step (`<= 1`: off).
+    pub prefill_pacing_ratio: f64,
 }
+
+/// Default `--prefill-pacing-ratio`: a stream's inter-token latency at most doubles while a
+/// long prompt prefills beside it.
+pub const DEFAULT_PREFILL_PACING_RATIO: f64 = 2.0;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -46,6 +56,8 @@ impl Default for EngineConfig {
             max_model_len: None,
             max_logprobs: 20,
             seed: None,
+            long_prefill_token_threshold: 0,
+            prefill_pacing_ratio: DEFAULT_PREFILL_PACING_RATIO,
         }
     }
 }
@@ -120,6 +132,12 @@ impl Engine {
         if config.max_num_batched_tokens == 0 || config.max_num_seqs == 0 {
             return cfg_err("max_num_batched_tokens and max_num_seqs must be at least 1".into());
         }
+        if !(config.prefill_pacing_ratio.is_finite() && config.prefill_pacing_ratio >= 0.0) {
+            return cfg_err(format!(
+                "prefill_pacing_ratio must be a finite number >= 0, got {}",
+                config.prefill_pacing_ratio
+            ));
+        }
         if info.vocab_size == 0 {
             return cfg_err("the model reports an empty vocabulary".into());
         }
@@ -150,6 +168,8 @@ impl Engine {
             max_model_len,
             max_logprobs: config.max_logprobs,
             seed,
+            long_prefill_token_threshold: config.long_prefill_token_threshold,
+            prefill_pacing_ratio: config.prefill_pacing_ratio,
         };
         let core = EngineCore::new(runner, sched);
         let limits = core.validation_limits();

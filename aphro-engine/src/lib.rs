@@ -10,6 +10,7 @@ pub mod kv;
 pub mod messages;
 pub mod metrics;
 pub mod openai;
+pub mod pacer;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

@@ -8,6 +8,12 @@
 //! 3. if nothing was preempted this step, waiting sequences by (priority, arrival), each
 //!    first matched against the prefix cache.
 //!
+//! Prefill chunks are further bounded so long prompts share steps fairly: by
+//! `long_prefill_token_threshold` per sequence (vLLM's flag), to half the prefill budget for a
+//! running prefill while an admissible request waits behind it, and — while decodes run — by
+//! the [`PrefillPacer`], which keeps a step (a running stream's inter-token latency) within a
+//! multiple of a decode-only step.
+//!
 //! When a running sequence cannot get a block, the worst running sequence (highest
 //! priority value, latest arrival) is preempted by recompute: its blocks are freed, it keeps
 //! its generated tokens and goes back to the waiting queue to re-prefill prompt + output.
@@ -21,6 +27,7 @@ use std::time::Instant;
 
 use crate::kv::{BlockManager, SeqBlocks};
 use crate::metrics::MetricsSnapshot;
+use crate::pacer::PrefillPacer;
 use crate::request::{
     EngineOutput, EngineRequest, FinishReason, GrammarMatcher, PositionLogprobs, SamplingPlan,
     TokenMask, Usage, ValidationError, ValidationLimits,
@@ -40,6 +47,13 @@ pub struct SchedulerConfig {
     pub max_logprobs: i64,
     /// Seeds the RNGs of requests that give no seed.
     pub seed: u64,
+    /// `--long-prefill-token-threshold`: most prompt tokens one sequence prefills per step
+    /// (0 = only the step budget limits it).
+    pub long_prefill_token_threshold: usize,
+    /// `--prefill-pacing-ratio`: while decodes run, a step's prefill is sized so the step
+    /// takes at most this multiple of a decode-only step; `<= 1` turns pacing off (prefill
+    /// chunks then fill the budget, and steps' lengths depend on nothing but the load).
+    pub prefill_pacing_ratio: f64,
 }
 
 /// Why `add_request` refused a request.
@@ -128,6 +142,7 @@ pub struct EngineCore {
     scratch: SamplerScratch,
     lp_order: Vec<u32>,
     metrics: MetricsSnapshot,
+    pacer: PrefillPacer,
 }
 
 impl EngineCore {
@@ -143,6 +158,7 @@ impl EngineCore {
             ..MetricsSnapshot::with_max_model_len(cfg.max_model_len)
         };
         metrics.healthy = true;
+        let cfg_ratio = cfg.prefill_pacing_ratio;
         Self {
             seed_rng: SeqRng::from_seed(cfg.seed),
             runner,
@@ -159,6 +175,7 @@ impl EngineCore {
             scratch: SamplerScratch::default(),
             lp_order: Vec::new(),
             metrics,
+            pacer: PrefillPacer::new(cfg_ratio),
         }
     }
 
@@ -412,6 +429,16 @@ impl EngineCore {
         let mut scheduled: Vec<Scheduled> = Vec::new();
         let mut preempted = self.metrics.num_preemptions;
         for decode_pass in [true, false] {
+            if !decode_pass {
+                // Everything after the decodes is prefill: pace it against their latency.
+                if let Some(cap) = self.pacer.prefill_cap(scheduled.len()) {
+                    budget = budget.min(cap);
+                }
+            }
+            // A waiting request that could be admitted gets at least half of the prefill
+            // budget, so it is not queued behind a long prompt for that prompt's whole prefill.
+            let admissible_waiting =
+                !self.waiting.is_empty() && self.running.len() < self.cfg.max_num_seqs;
             let snapshot = self.running.clone();
             for seq_id in snapshot {
                 if budget == 0 {
@@ -426,7 +453,13 @@ impl EngineCore {
                 if (remaining == 1) != decode_pass {
                     continue;
                 }
-                let k = remaining.min(budget);
+                let mut k = remaining.min(budget);
+                if !decode_pass {
+                    k = k.min(self.chunk_limit());
+                    if admissible_waiting {
+                        k = k.min(budget.div_ceil(2));
+                    }
+                }
                 if self.allocate_running(seq_id, k, &mut scheduled, &mut budget) {
                     budget -= k;
                     scheduled.push(self.plan_seq(seq_id, k));
@@ -434,6 +467,7 @@ impl EngineCore {
             }
         }
         preempted = self.metrics.num_preemptions - preempted;
+        let chunk_limit = self.chunk_limit();
         if preempted == 0 {
             while budget > 0 {
                 let Some(&seq_id) = self.waiting.first() else {
@@ -454,7 +488,7 @@ impl EngineCore {
                     self.kv.match_prefix(&mut seq.blocks, &seq.tokens)
                 };
                 seq.num_computed = hit;
-                let k = (seq.tokens.len() - hit).min(budget);
+                let k = (seq.tokens.len() - hit).min(budget).min(chunk_limit);
                 if self.kv.allocate(&mut seq.blocks, hit, hit + k).is_err() {
                     self.kv.free(&mut seq.blocks);
                     seq.num_computed = 0;
@@ -479,9 +513,18 @@ impl EngineCore {
         scheduled
     }
 
+    /// Most tokens one sequence prefills per step (`long_prefill_token_threshold`).
+    fn chunk_limit(&self) -> usize {
+        match self.cfg.long_prefill_token_threshold {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
+
     /// Run one step: schedule, execute, sample. Returns this step's outputs (one per choice
     /// that produced a token or finished). A runner error is fatal for the engine.
     pub fn step(&mut self) -> Result<Vec<EngineOutput>, RunnerError> {
+        let started = Instant::now();
         let scheduled = self.schedule();
         if scheduled.is_empty() {
             self.refresh_gauges();
@@ -554,6 +597,12 @@ impl EngineCore {
             self.process(s, &l.data, mask, &mut outs);
         }
         self.refresh_gauges();
+        let decodes = scheduled.iter().filter(|s| s.num_tokens == 1).count();
+        self.pacer.observe(
+            decodes,
+            step_tokens - decodes,
+            started.elapsed().as_secs_f64(),
+        );
         Ok(outs)
     }
 

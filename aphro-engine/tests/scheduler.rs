@@ -38,14 +38,25 @@ impl Setup {
         }
     }
     fn core_with(&self, runner: FakeRunner) -> EngineCore {
-        let cfg = SchedulerConfig {
+        self.core_configured(runner, |_| {})
+    }
+    fn core_configured(
+        &self,
+        runner: FakeRunner,
+        configure: impl FnOnce(&mut SchedulerConfig),
+    ) -> EngineCore {
+        let mut cfg = SchedulerConfig {
             max_num_batched_tokens: self.budget,
             max_num_seqs: self.max_seqs,
             enable_prefix_caching: self.caching,
             max_model_len: (self.blocks * self.block_size).min(4096),
             max_logprobs: -1,
             seed: 7,
+            long_prefill_token_threshold: 0,
+            // Step lengths here follow the token budget alone (no wall-clock pacing).
+            prefill_pacing_ratio: 0.0,
         };
+        configure(&mut cfg);
         EngineCore::new(Box::new(runner), cfg)
     }
     fn core(&self) -> (EngineCore, std::sync::Arc<std::sync::Mutex<RunLog>>) {
@@ -777,4 +788,123 @@ fn decodes_are_scheduled_before_prefill_chunks() {
         res[&("x".into(), 0)].tokens,
         oracle_greedy(&prompt(71, 3), 12)
     );
+}
+
+#[test]
+fn a_request_waiting_behind_a_long_prefill_is_admitted_at_once() {
+    let setup = Setup {
+        blocks: 256,
+        block_size: 4,
+        budget: 64,
+        max_seqs: 4,
+        caching: false,
+    };
+    let (mut core, _) = setup.core();
+    let mut res = Results::new();
+    let long = prompt(81, 600);
+    core.add_request(greedy("long", long.clone(), 2))
+        .expect("add");
+    collect(&mut res, core.step().expect("step"));
+    // The short request arrives while the long prompt has ~9 chunks to go: it shares the
+    // very next step and has its first token before the long prompt does.
+    core.add_request(greedy("short", prompt(82, 5), 3))
+        .expect("add");
+    let outs = core.step().expect("step");
+    assert!(
+        outs.iter()
+            .any(|o| o.request_id == "short" && !o.token_ids.is_empty()),
+        "the short request waited behind the long prefill"
+    );
+    collect(&mut res, outs);
+    assert!(!res.contains_key(&("long".into(), 0)));
+    run_to_end(&mut core, &mut res);
+    assert_eq!(res[&("long".into(), 0)].tokens, oracle_greedy(&long, 2));
+    assert_eq!(
+        res[&("short".into(), 0)].tokens,
+        oracle_greedy(&prompt(82, 5), 3)
+    );
+    assert_clean(&core);
+}
+
+#[test]
+fn long_prefill_token_threshold_caps_every_chunk() {
+    let setup = Setup {
+        blocks: 64,
+        block_size: 4,
+        budget: 64,
+        max_seqs: 4,
+        caching: false,
+    };
+    let runner = FakeRunner::new(setup.blocks, setup.block_size);
+    let log = runner.log.clone();
+    let mut core = setup.core_configured(runner, |c| c.long_prefill_token_threshold = 10);
+    let mut res = Results::new();
+    let p = prompt(83, 45);
+    core.add_request(greedy("p", p.clone(), 2)).expect("add");
+    run_to_end(&mut core, &mut res);
+    assert_eq!(res[&("p".into(), 0)].tokens, oracle_greedy(&p, 2));
+    let steps = log.lock().expect("log").step_tokens.clone();
+    assert_eq!(
+        steps,
+        [10, 10, 10, 10, 5, 1],
+        "45 prompt tokens in chunks of 10"
+    );
+}
+
+#[test]
+fn a_paced_long_prefill_keeps_a_running_decode_producing() {
+    // A step costs 2 ms plus 20 µs a token, so an unpaced 1500-token prompt fits one
+    // 32 ms step, sixteen times a decode-only step; paced at 2x, chunks are ~100 tokens.
+    let setup = Setup {
+        blocks: 256,
+        block_size: 16,
+        budget: 2048,
+        max_seqs: 4,
+        caching: false,
+    };
+    let mut runner = FakeRunner::new(setup.blocks, setup.block_size);
+    runner.step_cost = Some((
+        std::time::Duration::from_millis(2),
+        std::time::Duration::from_micros(20),
+    ));
+    let log = runner.log.clone();
+    let mut core = setup.core_configured(runner, |c| c.prefill_pacing_ratio = 2.0);
+    let mut res = Results::new();
+    let short = prompt(84, 4);
+    core.add_request(greedy("decode", short.clone(), 200))
+        .expect("add");
+    for _ in 0..4 {
+        collect(&mut res, core.step().expect("step"));
+    }
+    let long = prompt(85, 1500);
+    core.add_request(greedy("long", long.clone(), 1))
+        .expect("add");
+    let mut decode_tokens_meanwhile = 0;
+    let mut guard = 0;
+    while !res.contains_key(&("long".into(), 0)) {
+        let outs = core.step().expect("step");
+        decode_tokens_meanwhile += outs
+            .iter()
+            .filter(|o| o.request_id == "decode")
+            .map(|o| o.token_ids.len())
+            .sum::<usize>();
+        collect(&mut res, outs);
+        guard += 1;
+        assert!(guard < 1000, "the long prompt makes no progress");
+    }
+    // Scheduling alone (no timing) guarantees one decode token per step; pacing splits the
+    // prompt into many steps. The bound is loose: a slow machine's noise only shifts sizes.
+    assert!(
+        decode_tokens_meanwhile >= 5,
+        "the decode produced {decode_tokens_meanwhile} tokens while 1500 tokens prefilled"
+    );
+    let steps = log.lock().expect("log").step_tokens.clone();
+    assert!(steps.iter().all(|&n| n <= setup.budget));
+    run_to_end(&mut core, &mut res);
+    assert_eq!(res[&("long".into(), 0)].tokens, oracle_greedy(&long, 1));
+    assert_eq!(
+        res[&("decode".into(), 0)].tokens,
+        oracle_greedy(&short, 200)
+    );
+    assert_clean(&core);
 }

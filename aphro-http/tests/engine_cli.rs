@@ -126,6 +126,14 @@ fn bench_json_shape() {
         "3",
         "--decode-prompt-len",
         "4",
+        "--prefill-lens",
+        "16,40",
+        "--decode-contexts",
+        "0,24",
+        "--concurrency",
+        "2,4",
+        "--stall-prompt-len",
+        "48",
     ];
     args.extend_from_slice(ENGINE_FLAGS);
     let (ok, out, err) = aphro(&args, "");
@@ -133,10 +141,36 @@ fn bench_json_shape() {
     let v: Value = serde_json::from_str(out.trim()).expect("json");
     assert!(v["prefill_tok_s"].as_f64().is_some_and(|x| x > 0.0), "{v}");
     assert!(v["decode_tok_s"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    let lens: Vec<u64> = v["prefill"]
+        .as_array()
+        .expect("prefill points")
+        .iter()
+        .map(|p| p["prompt_tokens"].as_u64().expect("prompt_tokens"))
+        .collect();
+    assert_eq!(lens, [16, 40], "{v}");
+    let contexts: Vec<u64> = v["decode"]
+        .as_array()
+        .expect("decode points")
+        .iter()
+        .map(|p| p["context"].as_u64().expect("context"))
+        .collect();
+    assert_eq!(contexts, [0, 24], "{v}");
     let agg = v["aggregate_tok_s"].as_object().expect("object");
     assert_eq!(
         agg.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["8", "16", "32"]
+        ["2", "4"]
     );
     assert!(agg.values().all(|x| x.as_f64().is_some_and(|x| x > 0.0)));
+    // The running decode produced tokens beside the prompt, and both latencies are real.
+    let stall = &v["stall"];
+    assert_eq!(stall["prompt_tokens"], 48, "{v}");
+    assert!(
+        stall["idle_itl_ms"].as_f64().is_some_and(|x| x > 0.0),
+        "{v}"
+    );
+    assert!(stall["itl_max_ms"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    assert!(
+        v["abort"]["delay_ms"].as_f64().is_some_and(|x| x >= 0.0),
+        "{v}"
+    );
 }

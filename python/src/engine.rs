@@ -74,8 +74,11 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
             }
             "kv_cache_memory" => cfg.kv_cache_memory = v.extract()?,
             "block_size" => cfg.block_size = v.extract()?,
+            "num_gpu_blocks_override" => cfg.num_gpu_blocks_override = v.extract()?,
             "max_num_batched_tokens" => cfg.max_num_batched_tokens = v.extract()?,
             "max_num_seqs" => cfg.max_num_seqs = v.extract()?,
+            "long_prefill_token_threshold" => cfg.long_prefill_token_threshold = v.extract()?,
+            "prefill_pacing_ratio" => cfg.prefill_pacing_ratio = v.extract()?,
             "enable_prefix_caching" => cfg.enable_prefix_caching = v.extract()?,
             "max_model_len" => {
                 // An int, or vLLM's strings ("auto", "32k").
@@ -98,8 +101,9 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "Engine() got an unexpected engine argument {other:?} (known: dtype, \
-                     device, kv_cache_memory, block_size, max_num_batched_tokens, max_num_seqs, scheduling_policy, \
-                     enable_prefix_caching, max_model_len, max_logprobs, seed, \
+                     device, kv_cache_memory, block_size, num_gpu_blocks_override, \
+                     max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, \
+                     prefill_pacing_ratio, scheduling_policy, enable_prefix_caching, max_model_len, max_logprobs, seed, \
                      served_model_name, tokens_only)"
                 )))
             }
@@ -115,8 +119,9 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
 ///     model: `None` (the embedded default GGUF), a path (`.gguf` / HF directory), a hub id,
 ///         or an `aphro.Model`.
 ///     **engine_args: vLLM's engine flags: `dtype` ("auto", "float32", "bfloat16",
-///         "float16"), `device` ("auto", "cpu", "cuda", "cuda:N"), `kv_cache_memory` (bytes), `block_size`, `max_num_batched_tokens`,
-///         `max_num_seqs`, `enable_prefix_caching`, `max_model_len`, `max_logprobs`, `seed`,
+///         "float16"), `device` ("auto", "cpu", "cuda", "cuda:N"), `kv_cache_memory` (bytes), `block_size`,
+///         `num_gpu_blocks_override`, `max_num_batched_tokens`, `max_num_seqs`,
+///         `long_prefill_token_threshold`, `prefill_pacing_ratio`, `enable_prefix_caching`, `max_model_len`, `max_logprobs`, `seed`,
 ///         `served_model_name`, `tokens_only`.
 #[pyclass(module = "aphro", name = "Engine", frozen)]
 pub struct PyEngine {

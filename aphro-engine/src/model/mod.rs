@@ -82,8 +82,8 @@ pub struct ModelLoadConfig {
     pub dtype: ModelDType,
     /// Bytes for the paged K/V cache (all layers, K and V).
     pub cache_bytes: usize,
-    /// Grow the cache to hold at least this many tokens, capped at the model's context
-    /// (`usize::MAX`: one sequence of the model's full context); 0 = exactly `cache_bytes`.
+    /// Grow the cache to hold at least this many tokens (`usize::MAX`: one sequence of the
+    /// model's full context); 0 = exactly `cache_bytes`.
     pub min_cache_tokens: usize,
     /// Tokens per KV block.
     pub block_size: usize,
@@ -222,7 +222,10 @@ fn cache_bytes_for(
         return cfg.cache_bytes;
     }
     let per_token = runner::kv_bytes_per_token(model, kv);
-    let tokens = cfg.min_cache_tokens.min(model.max_position);
+    let tokens = match cfg.min_cache_tokens {
+        usize::MAX => model.max_position,
+        n => n,
+    };
     let blocks = tokens.div_ceil(cfg.block_size.max(1)) + 1;
     cfg.cache_bytes.max(
         blocks

@@ -58,9 +58,16 @@ pub struct ServingConfig {
     pub kv_cache_memory: Option<usize>,
     /// Tokens per KV block (`--block-size`).
     pub block_size: usize,
+    /// `--num-gpu-blocks-override`: the cache holds this many blocks (plus one spare)
+    /// whatever `kv_cache_memory` says — e.g. room for several full-length sequences.
+    pub num_gpu_blocks_override: Option<usize>,
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
     pub enable_prefix_caching: bool,
+    /// `--long-prefill-token-threshold` (see [`EngineConfig`]).
+    pub long_prefill_token_threshold: usize,
+    /// `--prefill-pacing-ratio` (see [`EngineConfig`]).
+    pub prefill_pacing_ratio: f64,
     /// The context served (`--max-model-len`); the render role must be given the same.
     pub max_model_len: MaxModelLen,
     /// `--max-logprobs` (-1 = vocabulary size).
@@ -169,9 +176,12 @@ impl Default for ServingConfig {
             device: Device::Auto,
             kv_cache_memory: None,
             block_size: 16,
+            num_gpu_blocks_override: None,
             max_num_batched_tokens: e.max_num_batched_tokens,
             max_num_seqs: e.max_num_seqs,
             enable_prefix_caching: e.enable_prefix_caching,
+            long_prefill_token_threshold: e.long_prefill_token_threshold,
+            prefill_pacing_ratio: e.prefill_pacing_ratio,
             max_model_len: MaxModelLen::Model,
             max_logprobs: e.max_logprobs,
             seed: None,
@@ -398,15 +408,24 @@ impl ServingEngine {
             .map_err(|e| ServingError::Load(e.to_string()))?;
         // Without an explicit cache size, the cache holds at least one sequence of the
         // served context, so the default never has to shorten it.
-        let min_cache_tokens = match (cfg.kv_cache_memory, cfg.max_model_len) {
-            (Some(_), _) | (None, MaxModelLen::Auto) => 0,
-            (None, MaxModelLen::Model) => usize::MAX,
-            (None, MaxModelLen::Tokens(n)) => n,
+        let min_cache_tokens = match (
+            cfg.num_gpu_blocks_override,
+            cfg.kv_cache_memory,
+            cfg.max_model_len,
+        ) {
+            (Some(blocks), _, _) => blocks.saturating_mul(cfg.block_size).max(1),
+            (None, Some(_), _) | (None, None, MaxModelLen::Auto) => 0,
+            (None, None, MaxModelLen::Model) => usize::MAX,
+            (None, None, MaxModelLen::Tokens(n)) => n,
+        };
+        let cache_bytes = match cfg.num_gpu_blocks_override {
+            Some(_) => 0,
+            None => cfg.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_BYTES),
         };
         let runner = load_runner(&ModelLoadConfig {
             model_path: model_path.clone(),
             dtype: cfg.dtype,
-            cache_bytes: cfg.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_BYTES),
+            cache_bytes,
             min_cache_tokens,
             block_size: cfg.block_size,
             quiet: false,
@@ -441,6 +460,8 @@ impl ServingEngine {
                 max_model_len: Some(max_model_len),
                 max_logprobs: cfg.max_logprobs,
                 seed: cfg.seed,
+                long_prefill_token_threshold: cfg.long_prefill_token_threshold,
+                prefill_pacing_ratio: cfg.prefill_pacing_ratio,
             },
         )?;
         let (tokenizer, defaults, extra_eos) = match &core_model {

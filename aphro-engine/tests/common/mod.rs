@@ -23,6 +23,8 @@ pub struct RunLog {
     pub max_tokens_in_step: usize,
     pub max_seqs_in_step: usize,
     pub copies: usize,
+    /// Tokens of every step, in order.
+    pub step_tokens: Vec<usize>,
 }
 
 pub struct FakeRunner {
@@ -36,6 +38,9 @@ pub struct FakeRunner {
     /// When set, every `execute` waits for a permit: lets threaded tests pin down what the
     /// engine does between their calls without sleeping.
     pub gate: Option<Arc<Gate>>,
+    /// Each `execute` sleeps `fixed + per_token × tokens`, like a model whose step costs a
+    /// weight read plus compute per token (for the wall-clock prefill pacer).
+    pub step_cost: Option<(std::time::Duration, std::time::Duration)>,
 }
 
 /// Step permits for a gated [`FakeRunner`].
@@ -97,6 +102,7 @@ impl FakeRunner {
             log: Arc::new(Mutex::new(RunLog::default())),
             fail_at_step: None,
             gate: None,
+            step_cost: None,
         }
     }
 }
@@ -180,6 +186,10 @@ impl ModelRunner for FakeRunner {
             log.max_seqs_in_step = log.max_seqs_in_step.max(batch.seqs.len());
             let n: usize = batch.seqs.iter().map(|s| s.token_ids.len()).sum();
             log.max_tokens_in_step = log.max_tokens_in_step.max(n);
+            log.step_tokens.push(n);
+            if let Some((fixed, per_token)) = self.step_cost {
+                std::thread::sleep(fixed + per_token * n as u32);
+            }
             log.steps - 1
         };
         if self.fail_at_step == Some(step) {

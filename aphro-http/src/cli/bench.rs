@@ -1,8 +1,10 @@
 //! `aphro bench`: engine throughput on synthetic prompts — prefill tok/s at 512 / 2k / 4k / 8k
 //! prompt tokens, batch-1 decode tok/s (128 tokens) from context 0 / 2k / 8k, aggregate decode
 //! tok/s at 8/16/32 concurrent requests, and a running decode's inter-token latency while an
-//! 8k prompt prefills. Greedy, `ignore_eos`, prefix caching off unless asked for (repeated prompts
-//! would otherwise hit the cache).
+//! 8k prompt prefills, and how long an abort during that prefill takes to free the engine.
+//! Greedy, `ignore_eos`, prefix caching off unless asked for (repeated prompts would otherwise
+//! hit the cache). Without `--kv-cache-memory` / `--num-gpu-blocks-override` the cache is
+//! sized so every measurement's sequences fit together (none is preempted).
 use anyhow::Context;
 use aphro_engine::engine::Engine;
 use aphro_engine::request::{EngineRequest, SamplingConfig};
@@ -19,8 +21,8 @@ pub struct Args {
     #[command(flatten)]
     pub engine: EngineArgs,
     /// Print one JSON object: `prefill` (`[{prompt_tokens, tok_s}]`), `decode`
-    /// (`[{context, tok_s}]`), `aggregate_tok_s` (`{"8": ..}`), `stall` (or null), and
-    /// `prefill_tok_s` / `decode_tok_s` (the first point of each).
+    /// (`[{context, tok_s}]`), `aggregate_tok_s` (`{"8": ..}`), `stall` and `abort` (or
+    /// null), and `prefill_tok_s` / `decode_tok_s` (the first point of each).
     #[arg(long)]
     pub json: bool,
     /// Prompt lengths of the prefill measurements (each capped to `max_model_len - 1`).
@@ -49,6 +51,25 @@ pub struct Args {
     /// 0 skips it).
     #[arg(long, default_value_t = 8192)]
     pub stall_prompt_len: usize,
+}
+
+/// Most tokens the stall measurement's decode generates (it is aborted once the long prompt
+/// has its first token).
+const STALL_DECODE_TOKENS: usize = 4096;
+
+impl Args {
+    /// Tokens the measurements hold in the KV cache at once, at most.
+    fn cache_tokens_needed(&self) -> usize {
+        let prefill = self.prefill_lens.iter().copied().max().unwrap_or(0);
+        let decode = self.decode_contexts.iter().copied().max().unwrap_or(0) + self.decode_tokens;
+        let aggregate = self.concurrency.iter().copied().max().unwrap_or(0)
+            * (self.decode_prompt_len + self.decode_tokens);
+        let stall = match self.stall_prompt_len {
+            0 => 0,
+            n => n + self.decode_prompt_len + STALL_DECODE_TOKENS,
+        };
+        prefill.max(decode).max(aggregate).max(stall).max(1)
+    }
 }
 
 /// Synthetic prompt `salt` of `len` ordinary (non-special) token ids.
@@ -110,6 +131,8 @@ struct Stall {
     itl_max_s: f64,
     tokens_during_prefill: usize,
     prefill_s: f64,
+    /// The decode finished before the prompt's first token (the window is then incomplete).
+    decode_ended_early: bool,
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -136,18 +159,19 @@ fn measure_stall(
     let mut stream = engine.generate(decode);
     let consumer = {
         let (stamps, stop) = (stamps.clone(), stop.clone());
-        std::thread::spawn(move || -> anyhow::Result<()> {
+        // Ok(true): the decode ran out of tokens before the prompt finished prefilling.
+        std::thread::spawn(move || -> anyhow::Result<bool> {
             futures::executor::block_on(async {
                 while !stop.load(Ordering::Acquire) {
                     let Some(item) = stream.next().await else {
-                        break;
+                        return Ok(!stop.load(Ordering::Acquire));
                     };
                     let out = item.context("stall decode failed")?;
                     if !out.token_ids.is_empty() {
                         stamps.lock().expect("stamps").push(Instant::now());
                     }
                 }
-                Ok(())
+                Ok(false)
             })
             // Dropping the stream aborts the decode.
         })
@@ -161,7 +185,7 @@ fn measure_stall(
     let done = Instant::now();
     stop.store(true, Ordering::Release);
     let stamps = stamps.lock().expect("stamps").clone();
-    consumer
+    let decode_ended_early = consumer
         .join()
         .map_err(|_| anyhow::anyhow!("stall consumer panicked"))??;
     let gaps = |from: Instant, to: Instant| -> Vec<f64> {
@@ -203,14 +227,50 @@ fn measure_stall(
         itl_median_s,
         tokens_during_prefill,
         prefill_s,
+        decode_ended_early,
     })
+}
+
+/// Submit `req`, abort it after `after`, and return the seconds from the abort to its stream's
+/// end (the engine drops a request between steps, so this is the rest of the running step).
+fn measure_abort(
+    engine: &Engine,
+    req: EngineRequest,
+    after: std::time::Duration,
+) -> anyhow::Result<f64> {
+    let id = req.request_id.clone();
+    let mut stream = engine.generate(req);
+    let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+    let consumer = std::thread::spawn(move || {
+        futures::executor::block_on(async { while stream.next().await.is_some() {} });
+        let _ = tx.send(Instant::now());
+    });
+    std::thread::sleep(after);
+    let aborted = Instant::now();
+    engine.abort(&id);
+    let ended = rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("abort consumer panicked"))?;
+    consumer
+        .join()
+        .map_err(|_| anyhow::anyhow!("abort consumer panicked"))?;
+    Ok(ended.saturating_duration_since(aborted).as_secs_f64())
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = args.engine.serving_config(false)?;
     cfg.tokens_only = true;
+    if cfg.kv_cache_memory.is_none() && cfg.num_gpu_blocks_override.is_none() {
+        cfg.num_gpu_blocks_override =
+            Some(args.cache_tokens_needed().div_ceil(cfg.block_size.max(1)));
+        // A cache sized to the measurements may hold less than the model's context.
+        if cfg.max_model_len == aphro_engine::serving::MaxModelLen::Model {
+            cfg.max_model_len = aphro_engine::serving::MaxModelLen::Auto;
+        }
+    }
     let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
     cfg.max_num_seqs = cfg.max_num_seqs.max(max_conc);
+    let block_size = cfg.block_size.max(1);
     let serving = ServingEngine::new(cfg).context("starting the engine")?;
     let engine = serving.engine();
     let vocab = engine.model_info().vocab_size;
@@ -264,12 +324,29 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .min(max_len.saturating_sub(decode_prompt + 1))
             .max(1);
         let (id, p) = next(decode_prompt);
-        // As many tokens as fit: the decode must outlast the prefill.
-        let d = request(id, p, max_len.saturating_sub(decode_prompt).max(1));
+        // The decode must outlast the prefill; it is aborted when the prefill is done. Both
+        // fit in the cache together (a preempted prompt would measure recomputation).
+        let cache_tokens = engine.metrics().kv_blocks_total * block_size;
+        let d_tokens = STALL_DECODE_TOKENS
+            .min(max_len.saturating_sub(decode_prompt))
+            .min(cache_tokens.saturating_sub(long_len + decode_prompt + 2 * block_size))
+            .max(1);
+        let d = request(id, p, d_tokens);
         let (id, p) = next(long_len);
         Some(measure_stall(engine, d, request(id, p, 1))?)
     } else {
         None
+    };
+    // A client gone during a long prefill: time from the abort to the engine dropping it.
+    let abort = match (args.stall_prompt_len, prefill.last()) {
+        (0, _) | (_, None) => None,
+        (len, Some(&(_, tok_s))) => {
+            let len = len.clamp(1, max_len.saturating_sub(1).max(1));
+            let (id, p) = next(len);
+            // Halfway through the prefill, as measured above.
+            let after = std::time::Duration::from_secs_f64(0.5 * len as f64 / tok_s.max(1e-9));
+            Some((len, measure_abort(engine, request(id, p, 1), after)?))
+        }
     };
     serving.shutdown();
 
@@ -286,6 +363,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "itl_max_ms": s.itl_max_s * 1e3,
                 "tokens_during_prefill": s.tokens_during_prefill,
                 "prefill_s": s.prefill_s,
+                "decode_ended_early": s.decode_ended_early,
             })
         });
         println!(
@@ -295,6 +373,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "decode": decode.iter().map(|(c, v)| json!({"context": c, "tok_s": v})).collect::<Vec<_>>(),
                 "aggregate_tok_s": agg,
                 "stall": stall_json,
+                "abort": abort.map(|(n, s)| json!({"prompt_tokens": n, "delay_ms": s * 1e3})),
                 "prefill_tok_s": prefill.first().map(|p| p.1),
                 "decode_tok_s": decode.first().map(|d| d.1),
             })
@@ -333,6 +412,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 s.idle_itl_s * 1e3,
                 s.itl_median_s / s.idle_itl_s.max(1e-9),
                 s.tokens_during_prefill
+            );
+            if s.decode_ended_early {
+                println!("  (the decode finished before the prompt did: the window is partial)");
+            }
+        }
+        if let Some((n, s)) = abort {
+            println!(
+                "abort halfway through a {n}-token prefill: the engine drops it {:.1} ms later",
+                s * 1e3
             );
         }
     }

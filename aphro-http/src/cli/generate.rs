@@ -62,6 +62,13 @@ pub struct EngineArgs {
     /// Sequences per engine step.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
+    /// Most prompt tokens one request prefills per step (0: only the step budget limits it).
+    #[arg(long, default_value_t = 0)]
+    pub long_prefill_token_threshold: usize,
+    /// While requests decode, a step's prefill is sized so the step (their inter-token
+    /// latency) takes at most this multiple of a decode-only step; 0 or 1 turns pacing off.
+    #[arg(long, default_value_t = aphro_engine::engine::DEFAULT_PREFILL_PACING_RATIO)]
+    pub prefill_pacing_ratio: f64,
     /// Bytes of paged KV cache (default: 256 MiB, or one sequence of the served context if
     /// that needs more).
     #[arg(long)]
@@ -69,6 +76,9 @@ pub struct EngineArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// KV blocks to allocate, whatever `--kv-cache-memory` says.
+    #[arg(long)]
+    pub num_gpu_blocks_override: Option<usize>,
     /// Reuse KV blocks of shared prompt prefixes.
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
@@ -137,8 +147,11 @@ impl EngineArgs {
             device: self.device,
             kv_cache_memory: self.kv_cache_memory,
             block_size: self.block_size,
+            num_gpu_blocks_override: self.num_gpu_blocks_override,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
+            prefill_pacing_ratio: self.prefill_pacing_ratio,
             enable_prefix_caching: self.prefix_caching(prefix_caching_default),
             max_model_len: self.max_model_len.unwrap_or_default(),
             seed: self.seed,

@@ -1,0 +1,157 @@
+//! Prefill pacing: how many prefill tokens one engine step may carry while decodes run.
+//!
+//! Every step holds all running decodes, so a step's wall time is a running stream's
+//! inter-token latency. A long prompt chunked to the whole token budget (2048 tokens) makes
+//! that step seconds long on a CPU; the pacer instead sizes the prefill part of a step so the
+//! step takes at most `ratio` times a decode-only step. It learns both costs from the steps
+//! the engine runs — a decode-only step's seconds and the extra seconds per prefill token —
+//! because they depend on the model, the machine, the batch and the context length reached.
+//!
+//! Without a fresh decode-only measurement (none yet, the decode batch changed size, or many
+//! mixed steps since the last one) the pacer asks for one step without prefill (a probe).
+
+/// Fewest prefill tokens a paced step carries, so a prompt always progresses even when one
+/// token costs more than the latency allowance.
+pub const MIN_PREFILL_TOKENS: usize = 16;
+/// Mixed steps between two decode-only probes (decode costs drift as contexts grow).
+const PROBE_EVERY: u32 = 64;
+/// Weight of the newest observation in the running averages.
+const EMA_WEIGHT: f64 = 0.3;
+
+#[derive(Debug, Clone)]
+pub struct PrefillPacer {
+    /// Allowed step time as a multiple of a decode-only step; `<= 1` turns pacing off.
+    ratio: f64,
+    /// Seconds of a decode-only step, and how many decodes it carried.
+    decode_step: Option<(f64, usize)>,
+    /// Extra seconds per prefill token on top of the decode-only step.
+    prefill_token_s: Option<f64>,
+    mixed_since_probe: u32,
+}
+
+fn ema(old: Option<f64>, new: f64) -> f64 {
+    match old {
+        Some(o) => o + EMA_WEIGHT * (new - o),
+        None => new,
+    }
+}
+
+impl PrefillPacer {
+    pub fn new(ratio: f64) -> Self {
+        PrefillPacer {
+            ratio,
+            decode_step: None,
+            prefill_token_s: None,
+            mixed_since_probe: 0,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.ratio > 1.0
+    }
+
+    /// The most prefill tokens a step with `decodes` decodes may carry; `None`: no limit
+    /// (pacing off, or nothing decoding to protect). `Some(0)` asks for a probe step.
+    pub fn prefill_cap(&self, decodes: usize) -> Option<usize> {
+        if !self.enabled() || decodes == 0 {
+            return None;
+        }
+        let Some((base, measured_with)) = self.decode_step else {
+            return Some(0);
+        };
+        let batch_changed =
+            decodes > measured_with.saturating_mul(2) || decodes * 2 < measured_with;
+        if batch_changed || self.mixed_since_probe >= PROBE_EVERY {
+            return Some(0);
+        }
+        let Some(per_token) = self.prefill_token_s else {
+            return Some(MIN_PREFILL_TOKENS);
+        };
+        let allowed = (self.ratio - 1.0) * base / per_token.max(1e-12);
+        Some((allowed.min(usize::MAX as f64 / 2.0) as usize).max(MIN_PREFILL_TOKENS))
+    }
+
+    /// Record a finished step: its decode count, prefill tokens and wall seconds.
+    pub fn observe(&mut self, decodes: usize, prefill_tokens: usize, seconds: f64) {
+        if !self.enabled() || !seconds.is_finite() || seconds < 0.0 {
+            return;
+        }
+        if prefill_tokens == 0 {
+            if decodes > 0 {
+                let same_batch = self.decode_step.map(|(s, n)| (s, n == decodes));
+                let base = match same_batch {
+                    Some((old, true)) => ema(Some(old), seconds),
+                    _ => seconds,
+                };
+                self.decode_step = Some((base, decodes));
+                self.mixed_since_probe = 0;
+            }
+            return;
+        }
+        if decodes > 0 {
+            self.mixed_since_probe = self.mixed_since_probe.saturating_add(1);
+        }
+        // A prefill-only step pays the same weight reads as a decode-only one, so the
+        // decode-only time is the fixed part of both.
+        if let Some((base, _)) = self.decode_step {
+            let extra = (seconds - base).max(0.0) / prefill_tokens as f64;
+            self.prefill_token_s = Some(ema(self.prefill_token_s, extra));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_or_without_decodes_there_is_no_cap() {
+        let off = PrefillPacer::new(0.0);
+        assert_eq!(off.prefill_cap(4), None);
+        let on = PrefillPacer::new(2.0);
+        assert_eq!(on.prefill_cap(0), None);
+    }
+
+    #[test]
+    fn probes_first_then_sizes_chunks_to_the_allowance() {
+        let mut p = PrefillPacer::new(2.0);
+        // No decode-only measurement yet: a probe step.
+        assert_eq!(p.prefill_cap(1), Some(0));
+        p.observe(1, 0, 0.010);
+        // Decode cost known, prefill cost not: the minimum chunk.
+        assert_eq!(p.prefill_cap(1), Some(MIN_PREFILL_TOKENS));
+        // 16 tokens took 10 ms on top of the 10 ms decode: 0.625 ms per token, so a
+        // 10 ms allowance (ratio 2) is 16 tokens.
+        p.observe(1, 16, 0.020);
+        assert_eq!(p.prefill_cap(1), Some(16));
+        // Cheaper tokens (e.g. a bigger machine): the chunk grows toward the allowance.
+        for _ in 0..40 {
+            p.observe(1, 100, 0.0105);
+        }
+        let cap = p.prefill_cap(1).unwrap();
+        assert!((1900..=2100).contains(&cap), "{cap}");
+    }
+
+    #[test]
+    fn expensive_tokens_still_progress() {
+        let mut p = PrefillPacer::new(2.0);
+        p.observe(1, 0, 0.001);
+        p.observe(1, 16, 1.0);
+        assert_eq!(p.prefill_cap(1), Some(MIN_PREFILL_TOKENS));
+    }
+
+    #[test]
+    fn reprobes_when_the_decode_batch_changes_or_after_many_mixed_steps() {
+        let mut p = PrefillPacer::new(2.0);
+        p.observe(2, 0, 0.010);
+        p.observe(2, 16, 0.020);
+        assert!(p.prefill_cap(2).unwrap() > 0);
+        assert_eq!(p.prefill_cap(8), Some(0));
+        for _ in 0..PROBE_EVERY {
+            p.observe(2, 16, 0.020);
+        }
+        assert_eq!(p.prefill_cap(2), Some(0));
+        p.observe(2, 0, 0.011);
+        assert!(p.prefill_cap(2).unwrap() > 0);
+    }
+}
