@@ -128,7 +128,7 @@ mod tests {
         for _ in 0..40 {
             p.observe(1, 100, 0.0105);
         }
-        let cap = p.prefill_cap(1).unwrap();
+        let cap = p.prefill_cap(1).expect("a cap once both costs are known");
         assert!((1900..=2100).contains(&cap), "{cap}");
     }
 
@@ -145,13 +145,13 @@ mod tests {
         let mut p = PrefillPacer::new(2.0);
         p.observe(2, 0, 0.010);
         p.observe(2, 16, 0.020);
-        assert!(p.prefill_cap(2).unwrap() > 0);
+        assert!(p.prefill_cap(2).is_some_and(|cap| cap > 0));
         assert_eq!(p.prefill_cap(8), Some(0));
         for _ in 0..PROBE_EVERY {
             p.observe(2, 16, 0.020);
         }
         assert_eq!(p.prefill_cap(2), Some(0));
         p.observe(2, 0, 0.011);
-        assert!(p.prefill_cap(2).unwrap() > 0);
+        assert!(p.prefill_cap(2).is_some_and(|cap| cap > 0));
     }
 }

@@ -1,13 +1,20 @@
-//! Tiled causal attention for prefill rows on the CPU (flash-attention style).
+//! Causal paged attention on the CPU, tiled flash-attention style.
 //!
-//! The per-row kernel in [`super::cpu`] reads every key and value of the context once per
-//! query row: a 4k-token prefill streams the cache 4k times per layer and spends as long in
-//! `exp` as in the dot products. Here a *block* of query rows (all query heads of one KV
-//! head) walks the context one key block at a time: the block's keys and values are gathered
-//! once into small transposed tiles that stay in L1, scores come from a register-blocked
-//! kernel, and softmax is computed online (running max and sum per query, the output
-//! rescaled when the max grows), with a vectorised `exp`. The result equals softmax(QKᵀ)V
-//! within float rounding; `tests` hold it to the per-row kernel.
+//! A naive kernel reads every key and value of the context once per query row: a 4k-token
+//! prefill streams the cache 4k times per layer and spends as long in `exp` as in the dot
+//! products. Here a *block* of query rows (the query heads of one KV head) walks the context
+//! one key tile at a time: the tile's keys and values are gathered once into small transposed
+//! tiles that stay in L1, scores come from a register-blocked kernel, and softmax is computed
+//! online (running max and sum per query, the output rescaled when the max grows), with a
+//! vectorised `exp`. The result equals softmax(QKᵀ)V within float rounding; `tests` hold it to
+//! the two-pass reference kernel.
+//!
+//! **Invariant: a query's result does not depend on how its sequence was chunked or batched.**
+//! Key tiles start at absolute positions (0, 64, 128, ...) and each query's running max, sum
+//! and output see them in that order with the same operations, whatever rows share its block.
+//! So a prompt prefilled in one step, in paced chunks, or over prefix-cached blocks, and then
+//! decoded, gives bit-identical logits; seeded sampling repeats across those paths. Decode
+//! rows take this kernel too, for that reason (and it is as fast: one pass, no score buffer).
 use super::ops::{AttnSeq, AttnShape};
 use rayon::prelude::*;
 
@@ -15,64 +22,81 @@ use rayon::prelude::*;
 const QUERY_ROWS: usize = 16;
 /// Keys per tile: 64 scores of one query fit in 8 AVX registers.
 const KEY_TILE: usize = 64;
-/// Sequences with at least this many query rows in a step take the tiled path.
-pub const MIN_TILED_ROWS: usize = 8;
 
-/// Attention of every query row of `seqs` (each with `q_len >= MIN_TILED_ROWS`), written into
-/// `out` (`[tokens, heads * d]`, rows of other sequences untouched).
-pub fn prefill_attention(
+/// Attention of every query row of `seqs`: `[tokens, heads * d]` for the `tokens = q.len() /
+/// (heads * d)` rows of `q`; rows no sequence owns stay zero.
+pub fn paged_attention(
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
-    seqs: &[&AttnSeq<'_>],
+    seqs: &[AttnSeq<'_>],
     shape: &AttnShape,
-    out: &mut [f32],
-) {
+) -> Vec<f32> {
     let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
-    if h == 0 || kvh == 0 || d == 0 {
-        return;
-    }
     let qdim = h * d;
-    // Tasks: (sequence, first row of its query block, KV head); each owns disjoint output.
-    let mut tasks = Vec::new();
+    if qdim == 0 || kvh == 0 {
+        return Vec::new();
+    }
+    let mut out = vec![0f32; q.len() / qdim * qdim];
+    let group = h / kvh;
+    // Tasks: (sequence, first row of its query block, KV head, first query head of the
+    // group, heads); each owns disjoint output.
+    let mut blocks = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         for r0 in (0..s.q_len).step_by(QUERY_ROWS) {
             for kv in 0..kvh {
-                tasks.push((si, r0, kv));
+                blocks.push((si, r0, kv));
             }
         }
     }
+    // Few blocks (batch-1 decode) would leave threads idle: then one task per query head. A
+    // query's arithmetic is the same either way (see the invariant above).
+    let heads_per_task = if blocks.len() < 2 * rayon::current_num_threads() {
+        1
+    } else {
+        group
+    };
+    let mut tasks = Vec::with_capacity(blocks.len() * group / heads_per_task);
+    for &(si, r0, kv) in &blocks {
+        for h0 in (0..group).step_by(heads_per_task) {
+            tasks.push((si, r0, kv, h0));
+        }
+    }
     // Longest contexts first, so the causal triangle's expensive blocks do not straggle.
-    tasks.sort_by_key(|&(si, r0, _)| std::cmp::Reverse(seqs[si].start_pos + r0));
-    let results: Vec<(usize, usize, usize, Vec<f32>)> = tasks
+    tasks.sort_by_key(|&(si, r0, _, _)| std::cmp::Reverse(seqs[si].start_pos + r0));
+    let results: Vec<(usize, usize, usize, usize, Vec<f32>)> = tasks
         .into_par_iter()
-        .map(|(si, r0, kv)| {
-            let s = seqs[si];
-            let rows = QUERY_ROWS.min(s.q_len - r0);
+        .map(|(si, r0, kv, h0)| {
+            let s = &seqs[si];
             let block = QueryBlock {
                 q,
                 qdim,
                 seq: s,
                 first_row: r0,
-                rows,
+                rows: QUERY_ROWS.min(s.q_len - r0),
                 kv_head: kv,
+                first_head: h0,
+                heads: heads_per_task,
                 shape,
             };
-            (si, r0, kv, block.attend(k_cache, v_cache))
+            (si, r0, kv, h0, block.attend(k_cache, v_cache))
         })
         .collect();
-    let group = h / kvh;
-    for (si, r0, kv, o) in results {
-        let s = seqs[si];
-        let rows = QUERY_ROWS.min(s.q_len - r0);
-        for r in 0..rows {
-            let dst = (s.q_offset + r0 + r) * qdim + kv * group * d;
-            out[dst..dst + group * d].copy_from_slice(&o[r * group * d..(r + 1) * group * d]);
+    let w = heads_per_task * d;
+    for (si, r0, kv, h0, o) in results {
+        let s = &seqs[si];
+        for r in 0..QUERY_ROWS.min(s.q_len - r0) {
+            let dst = (s.q_offset + r0 + r) * qdim + (kv * group + h0) * d;
+            if let Some(dst) = out.get_mut(dst..dst + w) {
+                dst.copy_from_slice(&o[r * w..(r + 1) * w]);
+            }
         }
     }
+    out
 }
 
-/// `rows` query rows of one sequence, the query heads of one KV head.
+/// `rows` query rows of one sequence, query heads `first_head..first_head + heads` of the
+/// group of KV head `kv_head`.
 struct QueryBlock<'a> {
     q: &'a [f32],
     qdim: usize,
@@ -80,6 +104,8 @@ struct QueryBlock<'a> {
     first_row: usize,
     rows: usize,
     kv_head: usize,
+    first_head: usize,
+    heads: usize,
     shape: &'a AttnShape,
 }
 
@@ -100,7 +126,7 @@ impl QueryBlock<'_> {
         self.body(k_cache, v_cache)
     }
 
-    /// Output `[rows, group * d]` of this block, query-row major.
+    /// Output `[rows, heads * d]` of this block, query-row major.
     #[inline(always)]
     fn body(&self, k_cache: &[f32], v_cache: &[f32]) -> Vec<f32> {
         let shape = self.shape;
@@ -108,15 +134,16 @@ impl QueryBlock<'_> {
         let group = shape.num_heads / shape.num_kv_heads;
         let kv_w = shape.num_kv_heads * d;
         let bs = shape.block_size.max(1);
-        let m = self.rows * group;
-        // Queries, pre-scaled, one per (row, head): query i = row i / group, head i % group.
+        let heads = self.heads;
+        let m = self.rows * heads;
+        // Queries, pre-scaled, one per (row, head): query i = row i / heads, head i % heads.
         let mut qs = vec![0f32; m * d];
         for r in 0..self.rows {
-            let base =
-                (self.seq.q_offset + self.first_row + r) * self.qdim + self.kv_head * group * d;
-            for j in 0..group {
+            let base = (self.seq.q_offset + self.first_row + r) * self.qdim
+                + (self.kv_head * group + self.first_head) * d;
+            for j in 0..heads {
                 let src = &self.q[base + j * d..base + (j + 1) * d];
-                let dst = &mut qs[(r * group + j) * d..(r * group + j + 1) * d];
+                let dst = &mut qs[(r * heads + j) * d..(r * heads + j + 1) * d];
                 for (o, &x) in dst.iter_mut().zip(src) {
                     *o = x * shape.scale;
                 }
@@ -154,7 +181,7 @@ impl QueryBlock<'_> {
                 }
             }
             for i in 0..m {
-                let pos = pos0 + i / group;
+                let pos = pos0 + i / heads;
                 if k0 > pos {
                     continue;
                 }
@@ -230,7 +257,7 @@ fn exp_in_place(xs: &mut [f32]) {
         8.333_452e-3,
         4.166_579_6e-2,
         1.666_666_5e-1,
-        5.000_000_1e-1,
+        0.5,
     ];
     for x in xs.iter_mut() {
         let v = x.clamp(-87.336_55, 88.376_26);
@@ -281,10 +308,31 @@ mod tests {
         assert_eq!(exp_scalar(0.0), 1.0);
     }
 
-    /// The tiled kernel equals the per-row kernel: prompts longer and shorter than a tile,
-    /// a chunk over cached blocks (start_pos > 0) with a scattered block table, GQA groups.
+    /// Softmax(QKᵀ)V by burn tensor ops, the reference the kernel is held to.
+    fn reference(
+        q: &[f32],
+        kc: &[f32],
+        vc: &[f32],
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+    ) -> Vec<f32> {
+        use super::super::ops::{f32_data, flex_from, reference};
+        let qdim = shape.num_heads * shape.head_dim;
+        let kv_w = shape.num_kv_heads * shape.head_dim;
+        let out = reference::paged_attention::<burn::backend::flex::Flex>(
+            flex_from(q.to_vec(), [q.len() / qdim, qdim]),
+            &flex_from(kc.to_vec(), [kc.len() / kv_w, kv_w]),
+            &flex_from(vc.to_vec(), [vc.len() / kv_w, kv_w]),
+            seqs,
+            shape,
+        );
+        f32_data(&out).into_owned()
+    }
+
+    /// The kernel equals the reference: prompts longer and shorter than a tile, a chunk over
+    /// cached blocks (start_pos > 0) with a scattered block table, GQA groups, a decode row.
     #[test]
-    fn tiled_prefill_matches_per_row_attention() {
+    fn tiled_attention_matches_the_reference() {
         let mut seed = 11;
         for (heads, kv_heads, d, bs) in [(9, 3, 64, 16), (4, 4, 8, 4), (8, 2, 16, 16)] {
             let shape = AttnShape {
@@ -324,9 +372,8 @@ mod tests {
                     block_table: table,
                 };
                 let q = rand((len + 1) * heads * d, &mut seed);
-                let want =
-                    super::super::cpu::paged_attention_rows(&q, &kc, &vc, &[seq, decode], &shape);
-                let got = super::super::cpu::paged_attention(&q, &kc, &vc, &[seq, decode], &shape);
+                let want = reference(&q, &kc, &vc, &[seq, decode], &shape);
+                let got = paged_attention(&q, &kc, &vc, &[seq, decode], &shape);
                 let worst = want
                     .iter()
                     .zip(&got)
@@ -337,6 +384,78 @@ mod tests {
                     "heads {heads}/{kv_heads} d {d} start {start} len {len}: {worst}"
                 );
             }
+        }
+    }
+
+    /// A prompt's attention is bit-identical however it is chunked and whatever shares the
+    /// step: one 150-token chunk alone, or chunks of 37, 1 and 112 rows beside other
+    /// sequences (which also changes how tasks split the query heads).
+    #[test]
+    fn results_do_not_depend_on_chunking_or_batching() {
+        let mut seed = 5;
+        let shape = AttnShape {
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            block_size: 16,
+            scale: 0.125,
+        };
+        let kv_w = 3 * 64;
+        let qdim = 9 * 64;
+        let blocks = 32;
+        let kc = rand(blocks * 16 * kv_w, &mut seed);
+        let vc = rand(blocks * 16 * kv_w, &mut seed);
+        let table: Vec<u32> = (0..blocks as u32).rev().collect();
+        let other: Vec<u32> = (0..blocks as u32).collect();
+        let len = 150;
+        let q = rand(len * qdim, &mut seed);
+        let whole = paged_attention(
+            &q,
+            &kc,
+            &vc,
+            &[AttnSeq {
+                q_offset: 0,
+                q_len: len,
+                start_pos: 0,
+                block_table: &table,
+            }],
+            &shape,
+        );
+        let mut start = 0;
+        for chunk in [37, 1, 112] {
+            // The chunk's rows after 40 rows of another sequence's prefill.
+            let mut qq = rand(40 * qdim, &mut seed);
+            qq.extend_from_slice(&q[start * qdim..(start + chunk) * qdim]);
+            let seqs = [
+                AttnSeq {
+                    q_offset: 0,
+                    q_len: 40,
+                    start_pos: 100,
+                    block_table: &other,
+                },
+                AttnSeq {
+                    q_offset: 40,
+                    q_len: chunk,
+                    start_pos: start,
+                    block_table: &table,
+                },
+            ];
+            let batched = paged_attention(&qq, &kc, &vc, &seqs, &shape);
+            let alone = paged_attention(
+                &q[start * qdim..(start + chunk) * qdim],
+                &kc,
+                &vc,
+                &[AttnSeq {
+                    q_offset: 0,
+                    q_len: chunk,
+                    ..seqs[1]
+                }],
+                &shape,
+            );
+            let want = &whole[start * qdim..(start + chunk) * qdim];
+            assert!(batched[40 * qdim..] == *want, "chunk at {start} batched");
+            assert!(alone == want, "chunk at {start} alone");
+            start += chunk;
         }
     }
 }

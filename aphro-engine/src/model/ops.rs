@@ -243,7 +243,7 @@ pub mod reference {
 }
 
 /// A contiguous f32 view of a Flex tensor (copies only if it is a strided view).
-fn f32_data(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+pub(super) fn f32_data(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(
@@ -255,7 +255,7 @@ fn f32_data(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
-fn flex_from(data: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
+pub(super) fn flex_from(data: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(data, shape))
 }
 
@@ -288,7 +288,7 @@ impl EngineOps for Flex {
         shape: &AttnShape,
     ) -> FlexTensor {
         let [tokens, qdim] = dims2(&q);
-        let out = super::cpu::paged_attention(
+        let out = super::flash::paged_attention(
             &f32_data(&q),
             &f32_data(k_cache),
             &f32_data(v_cache),
