@@ -120,8 +120,6 @@ fn bench_json_shape() {
         "--model",
         &model,
         "--json",
-        "--prefill-len",
-        "16",
         "--decode-tokens",
         "3",
         "--decode-prompt-len",
