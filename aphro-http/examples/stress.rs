@@ -83,6 +83,12 @@ fn start(opts: &Options, extra: &[&str], log: PathBuf) -> anyhow::Result<Server>
             "--enable-scale-out",
         ])
         .args(extra)
+        // glibc gives each thread that allocates under contention an arena of its own (up to
+        // 8 per core), and an arena keeps the pages of a freed 8 MiB body: the RSS then
+        // depends on how many threads happened to touch a body, not on whether one was
+        // kept, and a run could read 17 MiB of arena spread as a leak. Two arenas hold that
+        // spread fixed after the warm-up requests, so only a real leak grows the RSS.
+        .env("MALLOC_ARENA_MAX", "2")
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&log)?))
         .spawn()
