@@ -3,18 +3,27 @@
 //! A naive kernel reads every key and value of the context once per query row: a 4k-token
 //! prefill streams the cache 4k times per layer and spends as long in `exp` as in the dot
 //! products. Here a *block* of query rows (the query heads of one KV head) walks the context
-//! one key tile at a time: the tile's keys and values are gathered once into small transposed
-//! tiles that stay in L1, scores come from a register-blocked kernel, and softmax is computed
-//! online (running max and sum per query, the output rescaled when the max grows), with a
-//! vectorised `exp`. The result equals softmax(QKᵀ)V within float rounding; `tests` hold it to
-//! the two-pass reference kernel.
+//! one key tile at a time: scores come from a register-blocked kernel (four queries by
+//! sixteen keys per step), softmax is computed online (running max and sum per query, the
+//! output rescaled when the max grows) with a vectorised `exp`, and the weighted values from
+//! a second register-blocked kernel. The result equals softmax(QKᵀ)V within float rounding;
+//! `tests` hold it to the burn-op reference.
+//!
+//! **The CPU key layout.** Each cache block keeps its keys transposed: the block's
+//! `block_size * kv_dim` floats are `[kv_dim][block_size]` (dimension-major), written by
+//! [`write_keys`]. Sixteen consecutive keys of a head are then sixteen contiguous floats per
+//! dimension, exactly the operand of the score kernel, so neither prefill nor decode copies
+//! or transposes keys on the hot path (a decode row used to spend most of its time doing
+//! that). Values keep the token-major layout, which is what the value kernel reads. A block
+//! stays one contiguous run of `block_size` cache rows, so copying whole blocks row by row
+//! needs no layout knowledge.
 //!
 //! **Invariant: a query's result does not depend on how its sequence was chunked or batched.**
 //! Key tiles start at absolute positions (0, 64, 128, ...) and each query's running max, sum
 //! and output see them in that order with the same operations, whatever rows share its block.
 //! So a prompt prefilled in one step, in paced chunks, or over prefix-cached blocks, and then
 //! decoded, gives bit-identical logits; seeded sampling repeats across those paths. Decode
-//! rows take this kernel too, for that reason (and it is as fast: one pass, no score buffer).
+//! rows take this kernel too, for that reason.
 use super::ops::{AttnSeq, AttnShape};
 use rayon::prelude::*;
 
@@ -95,6 +104,23 @@ pub fn paged_attention(
     out
 }
 
+/// Store the keys `new` (`[slots.len()][kv_dim]`) into `cache` at `slots`, in the transposed
+/// block layout [`paged_attention`] reads (see the module doc).
+pub fn write_keys(cache: &mut [f32], new: &[f32], slots: &[usize], shape: &AttnShape) {
+    let kv_w = shape.num_kv_heads * shape.head_dim;
+    let bs = shape.block_size.max(1);
+    if kv_w == 0 {
+        return;
+    }
+    for (row, &slot) in new.chunks_exact(kv_w).zip(slots) {
+        let (block, u) = (slot / bs, slot % bs);
+        let dst = &mut cache[block * bs * kv_w..(block + 1) * bs * kv_w];
+        for (j, &x) in row.iter().enumerate() {
+            dst[j * bs + u] = x;
+        }
+    }
+}
+
 /// `rows` query rows of one sequence, query heads `first_head..first_head + heads` of the
 /// group of KV head `kv_head`.
 struct QueryBlock<'a> {
@@ -155,62 +181,105 @@ impl QueryBlock<'_> {
         let mut out = vec![0f32; m * d];
         let mut max = vec![f32::NEG_INFINITY; m];
         let mut sum = vec![0f32; m];
-        let mut kt = vec![0f32; d * KEY_TILE];
-        let mut vt = vec![0f32; KEY_TILE * d];
-        let mut scores = [0f32; KEY_TILE];
-        let slot = |p: usize| {
-            (self.seq.block_table[p / bs] as usize * bs + p % bs) * kv_w + self.kv_head * d
+        let mut correction = vec![1f32; m];
+        let mut scores = vec![0f32; m * KEY_TILE];
+        let table = self.seq.block_table;
+        let head = self.kv_head * d;
+        // Blocks whose size is a multiple of a key group are read in place; others are
+        // gathered into tiles of the same shape first (same arithmetic either way).
+        let in_place = bs % GROUP == 0;
+        let zero_keys = vec![0f32; d * GROUP];
+        let zero_values = vec![0f32; GROUP * d];
+        let (mut kt, mut vt) = if in_place {
+            (Vec::new(), Vec::new())
+        } else {
+            (vec![0f32; KEY_TILE * d], vec![0f32; KEY_TILE * d])
         };
         for k0 in (0..ctx).step_by(KEY_TILE) {
             let n = KEY_TILE.min(ctx - k0);
-            // Keys transposed ([d][KEY_TILE]) so a query's 64 scores accumulate in lanes;
-            // values row-major. A short last tile is zero-padded (its scores are masked).
-            for t in 0..KEY_TILE {
-                if t < n {
-                    let off = slot(k0 + t);
-                    let k = &k_cache[off..off + d];
-                    for c in 0..d {
-                        kt[c * KEY_TILE + t] = k[c];
+            if !in_place {
+                for t in 0..KEY_TILE {
+                    let (g, u) = (t / GROUP, t % GROUP);
+                    let kg = &mut kt[g * d * GROUP..(g + 1) * d * GROUP];
+                    if t >= n {
+                        (0..d).for_each(|c| kg[c * GROUP + u] = 0.0);
+                        continue;
                     }
-                    vt[t * d..(t + 1) * d].copy_from_slice(&v_cache[off..off + d]);
-                } else {
+                    let p = k0 + t;
+                    let slot = table[p / bs] as usize * bs + p % bs;
+                    let block = slot / bs * bs * kv_w;
                     for c in 0..d {
-                        kt[c * KEY_TILE + t] = 0.0;
+                        kg[c * GROUP + u] = k_cache[block + (head + c) * bs + slot % bs];
                     }
-                    vt[t * d..(t + 1) * d].fill(0.0);
+                    vt[t * d..(t + 1) * d]
+                        .copy_from_slice(&v_cache[slot * kv_w + head..slot * kv_w + head + d]);
                 }
             }
-            for i in 0..m {
-                let pos = pos0 + i / heads;
-                if k0 > pos {
-                    continue;
+            let groups: [KeyGroup<'_>; GROUPS] = std::array::from_fn(|g| {
+                let p = k0 + g * GROUP;
+                if p >= ctx {
+                    KeyGroup {
+                        k: &zero_keys,
+                        k_stride: GROUP,
+                        v: &zero_values,
+                        v_stride: d,
+                    }
+                } else if in_place {
+                    let block = table[p / bs] as usize;
+                    let u = p % bs;
+                    KeyGroup {
+                        k: &k_cache[block * bs * kv_w + head * bs + u..],
+                        k_stride: bs,
+                        v: &v_cache[(block * bs + u) * kv_w + head..],
+                        v_stride: kv_w,
+                    }
+                } else {
+                    KeyGroup {
+                        k: &kt[g * d * GROUP..],
+                        k_stride: GROUP,
+                        v: &vt[g * GROUP * d..],
+                        v_stride: d,
+                    }
                 }
+            });
+            // Rows before `k0` see none of this tile; queries are row-major, so the rows that
+            // do are a suffix.
+            let first = k0.saturating_sub(pos0) * heads;
+            let live = m - first;
+            tile_products::scores(
+                &qs[first * d..],
+                &groups,
+                &mut scores[first * KEY_TILE..],
+                live,
+                d,
+            );
+            for i in first..m {
+                let pos = pos0 + i / heads;
                 // Keys past this row's position (or past the tile) do not count.
                 let visible = n.min(pos + 1 - k0);
-                tile_scores(&qs[i * d..(i + 1) * d], &kt, &mut scores);
-                let tile_max = scores[..visible]
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let new_max = max[i].max(tile_max);
-                let correction = exp_scalar(max[i] - new_max);
+                let s: &mut [f32; KEY_TILE] = (&mut scores[i * KEY_TILE..(i + 1) * KEY_TILE])
+                    .try_into()
+                    .expect("score row");
+                s[visible..].fill(f32::NEG_INFINITY);
+                let new_max = max[i].max(max64(s));
+                correction[i] = exp_scalar(max[i] - new_max);
                 max[i] = new_max;
-                for s in scores[..visible].iter_mut() {
-                    *s -= new_max;
+                for x in s.iter_mut() {
+                    *x -= new_max;
                 }
-                exp_in_place(&mut scores[..visible]);
-                scores[visible..].fill(0.0);
-                sum[i] = sum[i] * correction + scores[..visible].iter().sum::<f32>();
-                let o = &mut out[i * d..(i + 1) * d];
-                if correction != 1.0 {
-                    o.iter_mut().for_each(|x| *x *= correction);
-                }
-                for (t, &p) in scores[..visible].iter().enumerate() {
-                    let v = &vt[t * d..(t + 1) * d];
-                    for (a, &x) in o.iter_mut().zip(v) {
-                        *a = p.mul_add(x, *a);
-                    }
-                }
+                // Masked keys: e^-inf = 0, so they add nothing below.
+                exp_in_place(s);
+                sum[i] = sum[i] * correction[i] + sum64(s);
             }
+            tile_products::weighted_values(
+                &scores[first * KEY_TILE..],
+                &groups,
+                &correction[first..],
+                &mut out[first * d..],
+                live,
+                d,
+                n,
+            );
         }
         for i in 0..m {
             let inv = 1.0 / sum[i];
@@ -220,19 +289,346 @@ impl QueryBlock<'_> {
     }
 }
 
-/// `scores[t] = q · key t` for the `KEY_TILE` keys of a transposed tile.
-#[inline(always)]
-fn tile_scores(q: &[f32], kt: &[f32], scores: &mut [f32; KEY_TILE]) {
-    let mut acc = [0f32; KEY_TILE];
-    for (c, &qc) in q.iter().enumerate() {
-        let row: &[f32; KEY_TILE] = kt[c * KEY_TILE..(c + 1) * KEY_TILE]
-            .try_into()
-            .expect("tile row");
-        for t in 0..KEY_TILE {
-            acc[t] = qc.mul_add(row[t], acc[t]);
+/// Keys per group: the keys one register block of scores covers (two AVX registers).
+const GROUP: usize = 16;
+/// Key groups per tile.
+const GROUPS: usize = KEY_TILE / GROUP;
+
+/// Sixteen consecutive keys of one KV head: key `u`'s dimension `c` is
+/// `k[c * k_stride + u]` (the cache's transposed block layout, or a gathered tile), its value
+/// row is `v[u * v_stride..][..head_dim]`.
+#[derive(Clone, Copy)]
+struct KeyGroup<'a> {
+    k: &'a [f32],
+    k_stride: usize,
+    v: &'a [f32],
+    v_stride: usize,
+}
+
+/// The two products of a tile, `S = Q Kᵀ` and `O = c ⊙ O + P V`, register-blocked over four
+/// queries at a time. Every element is computed with the same operations in the same order
+/// (a fused multiply-add chain over the head dimension, or over the keys) whatever the
+/// blocking, so a query's result never depends on which queries share its block; the AVX2
+/// path and the portable one agree bit for bit.
+mod tile_products {
+    use super::{KeyGroup, GROUP, GROUPS, KEY_TILE};
+
+    /// `scores[i][t] = q_i · key t` for `count` queries (`q`: `[count][d]`, `scores`:
+    /// `[count][KEY_TILE]`).
+    #[allow(unsafe_code)]
+    pub(super) fn scores(
+        q: &[f32],
+        groups: &[KeyGroup<'_>; GROUPS],
+        scores: &mut [f32],
+        count: usize,
+        d: usize,
+    ) {
+        assert!(q.len() >= count * d && scores.len() >= count * KEY_TILE);
+        for g in groups {
+            assert!(d == 0 || g.k.len() >= (d - 1) * g.k_stride + GROUP);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if d % 16 == 0 && crate::model::quant::has_avx2() {
+            // SAFETY: AVX2 and FMA are present (checked at run time); the lengths asserted
+            // above bound every read and write.
+            unsafe { avx2::scores(q, groups, scores, count, d) };
+            return;
+        }
+        for i in 0..count {
+            let qi = &q[i * d..(i + 1) * d];
+            for (g, kg) in groups.iter().enumerate() {
+                let mut acc = [0f32; GROUP];
+                for (c, &qc) in qi.iter().enumerate() {
+                    let row = &kg.k[c * kg.k_stride..c * kg.k_stride + GROUP];
+                    for u in 0..GROUP {
+                        acc[u] = qc.mul_add(row[u], acc[u]);
+                    }
+                }
+                let at = i * KEY_TILE + g * GROUP;
+                scores[at..at + GROUP].copy_from_slice(&acc);
+            }
         }
     }
-    *scores = acc;
+
+    /// `out[i] = correction[i] * out[i] + Σ_{t < keys} p[i][t] * v[t]` for `count` queries
+    /// (`p`: `[count][KEY_TILE]`, `out`: `[count][d]`). A weight of zero adds exactly
+    /// nothing, so rows that see fewer than `keys` keys ride along.
+    #[allow(unsafe_code)]
+    pub(super) fn weighted_values(
+        p: &[f32],
+        groups: &[KeyGroup<'_>; GROUPS],
+        correction: &[f32],
+        out: &mut [f32],
+        count: usize,
+        d: usize,
+        keys: usize,
+    ) {
+        assert!(p.len() >= count * KEY_TILE && correction.len() >= count);
+        assert!(out.len() >= count * d && keys <= KEY_TILE);
+        for (g, kg) in groups.iter().enumerate() {
+            let rows = keys.saturating_sub(g * GROUP).min(GROUP);
+            assert!(rows == 0 || kg.v.len() >= (rows - 1) * kg.v_stride + d);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if d % 16 == 0 && crate::model::quant::has_avx2() {
+            // SAFETY: as in `scores`.
+            unsafe { avx2::weighted_values(p, groups, correction, out, count, d, keys) };
+            return;
+        }
+        for i in 0..count {
+            let o = &mut out[i * d..(i + 1) * d];
+            o.iter_mut().for_each(|x| *x *= correction[i]);
+            for t in 0..keys {
+                let w = p[i * KEY_TILE + t];
+                let kg = &groups[t / GROUP];
+                let v = &kg.v[(t % GROUP) * kg.v_stride..][..d];
+                for (a, &x) in o.iter_mut().zip(v) {
+                    *a = w.mul_add(x, *a);
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    mod avx2 {
+        use super::{KeyGroup, GROUP, GROUPS, KEY_TILE};
+        use std::arch::x86_64::*;
+
+        /// An unaligned 8-lane load. `_mm256_loadu_ps` is a `copy_nonoverlapping`, whose
+        /// precondition checks (on in the dev profile the tests and benchmarks use) spill
+        /// the accumulators around every load; a plain array read is the same `vmovups`.
+        #[inline(always)]
+        unsafe fn ld(p: *const f32) -> __m256 {
+            std::mem::transmute::<[f32; 8], __m256>(*(p as *const [f32; 8]))
+        }
+
+        /// An unaligned 8-lane store (see [`ld`]).
+        #[inline(always)]
+        unsafe fn st(p: *mut f32, v: __m256) {
+            *(p as *mut [f32; 8]) = std::mem::transmute::<__m256, [f32; 8]>(v);
+        }
+
+        /// Queries per register block: 4 queries × 16 lanes = 8 accumulators, with room
+        /// for the two loads and a broadcast.
+        const QB: usize = 4;
+
+        /// Callers check the slice lengths (see `super::scores`).
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn scores(
+            q: &[f32],
+            groups: &[KeyGroup<'_>; GROUPS],
+            scores: &mut [f32],
+            count: usize,
+            d: usize,
+        ) {
+            for (g, kg) in groups.iter().enumerate() {
+                let (k, ks) = (kg.k.as_ptr(), kg.k_stride);
+                let mut i = 0;
+                while i < count {
+                    let qp = q.as_ptr().add(i * d);
+                    let sp = scores.as_mut_ptr().add(i * KEY_TILE + g * GROUP);
+                    if count - i >= QB {
+                        scores4(qp, k, ks, sp, d);
+                        i += QB;
+                    } else {
+                        scores1(qp, k, ks, sp, d);
+                        i += 1;
+                    }
+                }
+            }
+        }
+
+        /// Sixteen scores of four queries: eight accumulators, two key loads and four
+        /// broadcasts per dimension.
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn scores4(q: *const f32, k: *const f32, k_stride: usize, s: *mut f32, d: usize) {
+            let (q0, q1, q2, q3) = (q, q.add(d), q.add(2 * d), q.add(3 * d));
+            let mut a0 = _mm256_setzero_ps();
+            let mut b0 = _mm256_setzero_ps();
+            let mut a1 = _mm256_setzero_ps();
+            let mut b1 = _mm256_setzero_ps();
+            let mut a2 = _mm256_setzero_ps();
+            let mut b2 = _mm256_setzero_ps();
+            let mut a3 = _mm256_setzero_ps();
+            let mut b3 = _mm256_setzero_ps();
+            let mut kp = k;
+            for c in 0..d {
+                let k0 = ld(kp);
+                let k1 = ld(kp.add(8));
+                kp = kp.add(k_stride);
+                let x = _mm256_broadcast_ss(&*q0.add(c));
+                a0 = _mm256_fmadd_ps(x, k0, a0);
+                b0 = _mm256_fmadd_ps(x, k1, b0);
+                let x = _mm256_broadcast_ss(&*q1.add(c));
+                a1 = _mm256_fmadd_ps(x, k0, a1);
+                b1 = _mm256_fmadd_ps(x, k1, b1);
+                let x = _mm256_broadcast_ss(&*q2.add(c));
+                a2 = _mm256_fmadd_ps(x, k0, a2);
+                b2 = _mm256_fmadd_ps(x, k1, b2);
+                let x = _mm256_broadcast_ss(&*q3.add(c));
+                a3 = _mm256_fmadd_ps(x, k0, a3);
+                b3 = _mm256_fmadd_ps(x, k1, b3);
+            }
+            for (j, (a, b)) in [(a0, b0), (a1, b1), (a2, b2), (a3, b3)]
+                .into_iter()
+                .enumerate()
+            {
+                let sp = s.add(j * KEY_TILE);
+                st(sp, a);
+                st(sp.add(8), b);
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn scores1(q: *const f32, k: *const f32, k_stride: usize, s: *mut f32, d: usize) {
+            let mut a = _mm256_setzero_ps();
+            let mut b = _mm256_setzero_ps();
+            let mut kp = k;
+            for c in 0..d {
+                let x = _mm256_broadcast_ss(&*q.add(c));
+                a = _mm256_fmadd_ps(x, ld(kp), a);
+                b = _mm256_fmadd_ps(x, ld(kp.add(8)), b);
+                kp = kp.add(k_stride);
+            }
+            st(s, a);
+            st(s.add(8), b);
+        }
+
+        /// Callers check the slice lengths (see `super::weighted_values`).
+        #[target_feature(enable = "avx2,fma")]
+        pub(super) unsafe fn weighted_values(
+            p: &[f32],
+            groups: &[KeyGroup<'_>; GROUPS],
+            correction: &[f32],
+            out: &mut [f32],
+            count: usize,
+            d: usize,
+            keys: usize,
+        ) {
+            // Value row of key t.
+            let mut rows = [std::ptr::null::<f32>(); KEY_TILE];
+            for (t, row) in rows.iter_mut().enumerate().take(keys) {
+                let kg = &groups[t / GROUP];
+                *row = kg.v.as_ptr().add((t % GROUP) * kg.v_stride);
+            }
+            let rows = &rows[..keys];
+            let mut i = 0;
+            while i < count {
+                let (pp, cp) = (p.as_ptr().add(i * KEY_TILE), correction.as_ptr().add(i));
+                let op = out.as_mut_ptr().add(i * d);
+                for c in (0..d).step_by(16) {
+                    if count - i >= QB {
+                        values4(pp, rows, c, cp, op.add(c), d);
+                    } else {
+                        values1(pp, rows, c, cp, op.add(c));
+                    }
+                }
+                i += if count - i >= QB { QB } else { 1 };
+            }
+        }
+
+        /// Output dimensions `c..c + 16` of four queries (`out` points at the first one's
+        /// `c`; rows `d` apart), rescaled by their corrections, plus their weighted values.
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn values4(
+            p: *const f32,
+            rows: &[*const f32],
+            c: usize,
+            correction: *const f32,
+            out: *mut f32,
+            d: usize,
+        ) {
+            let (o0, o1, o2, o3) = (out, out.add(d), out.add(2 * d), out.add(3 * d));
+            let c0 = _mm256_broadcast_ss(&*correction);
+            let c1 = _mm256_broadcast_ss(&*correction.add(1));
+            let c2 = _mm256_broadcast_ss(&*correction.add(2));
+            let c3 = _mm256_broadcast_ss(&*correction.add(3));
+            let mut a0 = _mm256_mul_ps(ld(o0), c0);
+            let mut b0 = _mm256_mul_ps(ld(o0.add(8)), c0);
+            let mut a1 = _mm256_mul_ps(ld(o1), c1);
+            let mut b1 = _mm256_mul_ps(ld(o1.add(8)), c1);
+            let mut a2 = _mm256_mul_ps(ld(o2), c2);
+            let mut b2 = _mm256_mul_ps(ld(o2.add(8)), c2);
+            let mut a3 = _mm256_mul_ps(ld(o3), c3);
+            let mut b3 = _mm256_mul_ps(ld(o3.add(8)), c3);
+            let (p0, p1, p2, p3) = (p, p.add(KEY_TILE), p.add(2 * KEY_TILE), p.add(3 * KEY_TILE));
+            for (t, &row) in rows.iter().enumerate() {
+                let v0 = ld(row.add(c));
+                let v1 = ld(row.add(c + 8));
+                let w = _mm256_broadcast_ss(&*p0.add(t));
+                a0 = _mm256_fmadd_ps(w, v0, a0);
+                b0 = _mm256_fmadd_ps(w, v1, b0);
+                let w = _mm256_broadcast_ss(&*p1.add(t));
+                a1 = _mm256_fmadd_ps(w, v0, a1);
+                b1 = _mm256_fmadd_ps(w, v1, b1);
+                let w = _mm256_broadcast_ss(&*p2.add(t));
+                a2 = _mm256_fmadd_ps(w, v0, a2);
+                b2 = _mm256_fmadd_ps(w, v1, b2);
+                let w = _mm256_broadcast_ss(&*p3.add(t));
+                a3 = _mm256_fmadd_ps(w, v0, a3);
+                b3 = _mm256_fmadd_ps(w, v1, b3);
+            }
+            st(o0, a0);
+            st(o0.add(8), b0);
+            st(o1, a1);
+            st(o1.add(8), b1);
+            st(o2, a2);
+            st(o2.add(8), b2);
+            st(o3, a3);
+            st(o3.add(8), b3);
+        }
+
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn values1(
+            p: *const f32,
+            rows: &[*const f32],
+            c: usize,
+            correction: *const f32,
+            out: *mut f32,
+        ) {
+            let scale = _mm256_broadcast_ss(&*correction);
+            let mut a = _mm256_mul_ps(ld(out), scale);
+            let mut b = _mm256_mul_ps(ld(out.add(8)), scale);
+            for (t, &row) in rows.iter().enumerate() {
+                let w = _mm256_broadcast_ss(&*p.add(t));
+                a = _mm256_fmadd_ps(w, ld(row.add(c)), a);
+                b = _mm256_fmadd_ps(w, ld(row.add(c + 8)), b);
+            }
+            st(out, a);
+            st(out.add(8), b);
+        }
+    }
+}
+
+/// The largest of 64 scores: eight lanes, then a fixed tree (vectorises; max is exact, so
+/// the order cannot change the result).
+#[inline(always)]
+fn max64(s: &[f32; KEY_TILE]) -> f32 {
+    let mut l = [f32::NEG_INFINITY; 8];
+    for v in 0..KEY_TILE / 8 {
+        for j in 0..8 {
+            l[j] = l[j].max(s[v * 8 + j]);
+        }
+    }
+    (l[0].max(l[4]).max(l[2].max(l[6]))).max(l[1].max(l[5]).max(l[3].max(l[7])))
+}
+
+/// The sum of 64 weights in one fixed order (eight lane sums, then a fixed tree), the same
+/// in every kernel path, so it vectorises without changing any result.
+#[inline(always)]
+fn sum64(s: &[f32; KEY_TILE]) -> f32 {
+    let mut l = [0f32; 8];
+    for v in 0..KEY_TILE / 8 {
+        for j in 0..8 {
+            l[j] += s[v * 8 + j];
+        }
+    }
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
 /// `e^x`, the same function as [`exp_in_place`] lane by lane.
@@ -261,15 +657,20 @@ fn exp_in_place(xs: &mut [f32]) {
     ];
     for x in xs.iter_mut() {
         let v = x.clamp(-87.336_55, 88.376_26);
-        // Round to nearest by the 1.5 * 2^23 trick (vectorises, unlike `round`).
-        let n = (v * LOG2E + 12_582_912.0) - 12_582_912.0;
+        // Round to nearest by the 1.5 * 2^23 trick (vectorises, unlike `round`): the sum's
+        // low mantissa bits are the integer itself, read from the bits below (a saturating
+        // `as i32` cast would keep the loop scalar).
+        let shifted = v * LOG2E + 12_582_912.0;
+        let n = shifted - 12_582_912.0;
+        let n_int = (shifted.to_bits() as i32).wrapping_sub(0x4B40_0000);
         let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, v));
         let mut p = P[0];
         for &c in &P[1..] {
             p = p.mul_add(r, c);
         }
         let e = (p * r * r + r) + 1.0;
-        let bits = ((n as i32 + 127) as u32) << 23;
+        // Wrapping: an overflow check (dev profile) would keep the loop scalar too.
+        let bits = (n_int.wrapping_add(127) as u32) << 23;
         let y = e * f32::from_bits(bits);
         // Below the clamp the true value underflows to 0 (and -inf must give 0).
         *x = if *x < -87.336_55 { 0.0 } else { y };
@@ -308,6 +709,15 @@ mod tests {
         assert_eq!(exp_scalar(0.0), 1.0);
     }
 
+    /// A token-major key cache (the reference's layout) in the kernel's block layout.
+    fn transposed(kc: &[f32], shape: &AttnShape) -> Vec<f32> {
+        let kv_w = shape.num_kv_heads * shape.head_dim;
+        let slots: Vec<usize> = (0..kc.len() / kv_w).collect();
+        let mut out = vec![0f32; kc.len()];
+        write_keys(&mut out, kc, &slots, shape);
+        out
+    }
+
     /// Softmax(QKᵀ)V by burn tensor ops, the reference the kernel is held to.
     fn reference(
         q: &[f32],
@@ -334,7 +744,13 @@ mod tests {
     #[test]
     fn tiled_attention_matches_the_reference() {
         let mut seed = 11;
-        for (heads, kv_heads, d, bs) in [(9, 3, 64, 16), (4, 4, 8, 4), (8, 2, 16, 16)] {
+        for (heads, kv_heads, d, bs) in [
+            (9, 3, 64, 16),
+            (4, 4, 8, 4),
+            (8, 2, 16, 16),
+            (9, 3, 64, 32),
+            (6, 2, 32, 8),
+        ] {
             let shape = AttnShape {
                 num_heads: heads,
                 num_kv_heads: kv_heads,
@@ -373,7 +789,8 @@ mod tests {
                 };
                 let q = rand((len + 1) * heads * d, &mut seed);
                 let want = reference(&q, &kc, &vc, &[seq, decode], &shape);
-                let got = paged_attention(&q, &kc, &vc, &[seq, decode], &shape);
+                let got =
+                    paged_attention(&q, &transposed(&kc, &shape), &vc, &[seq, decode], &shape);
                 let worst = want
                     .iter()
                     .zip(&got)
@@ -456,6 +873,59 @@ mod tests {
             assert!(batched[40 * qdim..] == *want, "chunk at {start} batched");
             assert!(alone == want, "chunk at {start} alone");
             start += chunk;
+        }
+    }
+
+    /// The vectorised `exp` (as the kernel runs it over a score row) equals the scalar one.
+    #[test]
+    fn exp_over_a_row_equals_exp_of_each() {
+        let mut xs: Vec<f32> = (0..64).map(|i| -(i as f32) * 0.37).collect();
+        xs[63] = f32::NEG_INFINITY;
+        let want: Vec<f32> = xs.iter().map(|&x| exp_scalar(x)).collect();
+        exp_in_place(&mut xs);
+        assert_eq!(xs, want);
+    }
+
+    /// The register-blocked products (AVX2 where present) equal the plain fused
+    /// multiply-add chains bit for bit, for every count of queries a block can leave over.
+    #[test]
+    fn tile_products_equal_the_plain_chains() {
+        let d = 64;
+        let mut seed = 3u64;
+        let kd = rand(GROUPS * d * GROUP, &mut seed);
+        let vd = rand(KEY_TILE * d, &mut seed);
+        let groups: [KeyGroup<'_>; GROUPS] = std::array::from_fn(|g| KeyGroup {
+            k: &kd[g * d * GROUP..],
+            k_stride: GROUP,
+            v: &vd[g * GROUP * d..],
+            v_stride: d,
+        });
+        for count in [1, 3, 4, 7, 9] {
+            let q = rand(count * d, &mut seed);
+            let mut s = vec![0f32; count * KEY_TILE];
+            tile_products::scores(&q, &groups, &mut s, count, d);
+            for i in 0..count {
+                for t in 0..KEY_TILE {
+                    let (g, u) = (t / GROUP, t % GROUP);
+                    let want = (0..d).fold(0f32, |acc, c| {
+                        q[i * d + c].mul_add(kd[g * d * GROUP + c * GROUP + u], acc)
+                    });
+                    assert_eq!(s[i * KEY_TILE + t], want, "score {i} {t}");
+                }
+            }
+            let correction = rand(count, &mut seed);
+            let mut out = rand(count * d, &mut seed);
+            let keys = 50;
+            let want: Vec<f32> = (0..count * d)
+                .map(|at| {
+                    let (i, c) = (at / d, at % d);
+                    (0..keys).fold(out[at] * correction[i], |o, t| {
+                        s[i * KEY_TILE + t].mul_add(vd[t * d + c], o)
+                    })
+                })
+                .collect();
+            tile_products::weighted_values(&s, &groups, &correction, &mut out, count, d, keys);
+            assert_eq!(out, want, "{count} queries");
         }
     }
 }

@@ -406,7 +406,7 @@ impl<B: EngineOps> Llama<B> {
             let vc = v_cache[l]
                 .take()
                 .ok_or_else(|| ModelError::Weights("KV cache missing".into()))?;
-            let kc = B::reshape_and_cache(kc, unwrap(k), plan.slots);
+            let kc = B::cache_keys(kc, unwrap(k), plan.slots, &shape);
             let vc = B::reshape_and_cache(vc, unwrap(v), plan.slots);
             let attn: Tensor<B, 2> =
                 wrap(B::paged_attention(unwrap(q), &kc, &vc, plan.seqs, &shape));

@@ -71,6 +71,21 @@ pub trait EngineOps: Backend {
         reference::reshape_and_cache::<Self>(cache, new, slots)
     }
 
+    /// Write the keys `new` (`[tokens, kv_dim]`) for `slots` into `cache`, in the layout
+    /// this backend's [`Self::paged_attention`] reads. The default is the values' layout
+    /// ([`Self::reshape_and_cache`]); the CPU keeps each block's keys transposed (see
+    /// [`super::flash`]). Either way a block's keys fill its own `block_size` rows, so
+    /// copying whole blocks row by row (prefix-cache copy-on-write) needs no layout.
+    fn cache_keys(
+        cache: FloatTensor<Self>,
+        new: FloatTensor<Self>,
+        slots: &[usize],
+        shape: &AttnShape,
+    ) -> FloatTensor<Self> {
+        let _ = shape;
+        Self::reshape_and_cache(cache, new, slots)
+    }
+
     /// Causal attention of `q` (`[tokens, heads * head_dim]`) over each sequence's cached
     /// keys/values, read through its block table. Returns `[tokens, heads * head_dim]`.
     fn paged_attention(
@@ -280,6 +295,20 @@ impl EngineOps for Flex {
         cache
     }
 
+    fn cache_keys(
+        mut cache: FlexTensor,
+        new: FlexTensor,
+        slots: &[usize],
+        shape: &AttnShape,
+    ) -> FlexTensor {
+        let new = f32_data(&new).into_owned();
+        if !cache.is_contiguous() {
+            cache = cache.to_contiguous();
+        }
+        super::flash::write_keys(cache.storage_mut::<f32>(), &new, slots, shape);
+        cache
+    }
+
     fn paged_attention(
         q: FlexTensor,
         k_cache: &FlexTensor,
@@ -419,9 +448,17 @@ mod tests {
             },
         ];
         let q = rand(6 * 4 * 8, &mut seed);
+        // The CPU reads keys in its own block layout, written through `cache_keys`.
+        let all_slots: Vec<usize> = (0..num_blocks * 4).collect();
+        let kc_cpu = <Flex as EngineOps>::cache_keys(
+            flex_from(vec![0.0; num_blocks * 4 * kv_w], [num_blocks * 4, kv_w]),
+            kc.clone(),
+            &all_slots,
+            &shape,
+        );
         let a = <Flex as EngineOps>::paged_attention(
             flex_from(q.clone(), [6, 32]),
-            &kc,
+            &kc_cpu,
             &vc,
             &seqs,
             &shape,
