@@ -48,8 +48,8 @@ pub fn paged_attention(
     }
     let mut out = vec![0f32; q.len() / qdim * qdim];
     let group = h / kvh;
-    // Tasks: (sequence, first row of its query block, KV head, first query head of the
-    // group, heads); each owns disjoint output.
+    let threads = rayon::current_num_threads();
+    // Query blocks: (sequence, first row, KV head).
     let mut blocks = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         for r0 in (0..s.q_len).step_by(QUERY_ROWS) {
@@ -58,24 +58,36 @@ pub fn paged_attention(
             }
         }
     }
-    // Few blocks (batch-1 decode) would leave threads idle: then one task per query head. A
-    // query's arithmetic is the same either way (see the invariant above).
-    let heads_per_task = if blocks.len() < 2 * rayon::current_num_threads() {
-        1
-    } else {
-        group
-    };
-    let mut tasks = Vec::with_capacity(blocks.len() * group / heads_per_task);
+    // Few blocks (a decode batch of one or two) would leave threads idle on a long context:
+    // then each block's segments are separate tasks, merged below in order. A query's
+    // arithmetic is the same either way (see the invariant above).
+    let split = blocks.len() < 2 * threads;
+    let mut spans = Vec::new();
     for &(si, r0, kv) in &blocks {
+        let s = &seqs[si];
+        let ctx = s.start_pos + r0 + QUERY_ROWS.min(s.q_len - r0);
+        let segments = ctx.div_ceil(SEGMENT);
+        if split {
+            spans.extend((0..segments).map(|seg| (si, r0, kv, seg..seg + 1)));
+        } else {
+            spans.push((si, r0, kv, 0..segments));
+        }
+    }
+    // Still too few (short contexts): one task per query head instead of per group.
+    let heads_per_task = if spans.len() < 2 * threads { 1 } else { group };
+    let mut tasks = Vec::with_capacity(spans.len() * group / heads_per_task);
+    for (si, r0, kv, segs) in spans {
         for h0 in (0..group).step_by(heads_per_task) {
-            tasks.push((si, r0, kv, h0));
+            tasks.push((si, r0, kv, h0, segs.clone()));
         }
     }
     // Longest contexts first, so the causal triangle's expensive blocks do not straggle.
-    tasks.sort_by_key(|&(si, r0, _, _)| std::cmp::Reverse(seqs[si].start_pos + r0));
-    let results: Vec<(usize, usize, usize, usize, Vec<f32>)> = tasks
+    tasks.sort_by_key(|(si, r0, _, _, segs)| {
+        std::cmp::Reverse((seqs[*si].start_pos + r0).min(segs.end * SEGMENT))
+    });
+    let mut results: Vec<((usize, usize, usize, usize), usize, Partial)> = tasks
         .into_par_iter()
-        .map(|(si, r0, kv, h0)| {
+        .map(|(si, r0, kv, h0, segs)| {
             let s = &seqs[si];
             let block = QueryBlock {
                 q,
@@ -86,22 +98,94 @@ pub fn paged_attention(
                 kv_head: kv,
                 first_head: h0,
                 heads: heads_per_task,
+                segments: segs.clone(),
                 shape,
             };
-            (si, r0, kv, h0, block.attend(k_cache, v_cache))
+            ((si, r0, kv, h0), segs.start, block.attend(k_cache, v_cache))
         })
         .collect();
+    // Each block's segments in order (a no-op sort unless the context was split).
+    results.sort_by_key(|&(key, seg, _)| (key, seg));
     let w = heads_per_task * d;
-    for (si, r0, kv, h0, o) in results {
+    let mut at = 0;
+    while at < results.len() {
+        let key = results[at].0;
+        let (total, rest) = results[at..].split_first_mut().expect("non-empty");
+        let mut n = 1;
+        for (k, _, part) in rest.iter().take_while(|(k, _, _)| *k == key) {
+            debug_assert_eq!(*k, key);
+            total.2.merge(part, d);
+            n += 1;
+        }
+        let (si, r0, kv, h0) = key;
         let s = &seqs[si];
+        let o = total.2.normalized(d);
         for r in 0..QUERY_ROWS.min(s.q_len - r0) {
             let dst = (s.q_offset + r0 + r) * qdim + (kv * group + h0) * d;
             if let Some(dst) = out.get_mut(dst..dst + w) {
                 dst.copy_from_slice(&o[r * w..(r + 1) * w]);
             }
         }
+        at += n;
     }
     out
+}
+
+/// Keys per segment. Softmax state is kept per segment, and segments are merged in order
+/// of position, in every path: so a long context can be split across threads (a decode
+/// row) or walked by one task (a prefill block) with the same result to the bit.
+const SEGMENT: usize = 8 * KEY_TILE;
+
+/// The unnormalised softmax state of a block's queries over some segments: running max,
+/// sum of weights and weighted values per query. A query that saw no key has max -inf.
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl Partial {
+    fn empty(m: usize, d: usize) -> Self {
+        Partial {
+            max: vec![f32::NEG_INFINITY; m],
+            sum: vec![0.0; m],
+            out: vec![0.0; m * d],
+        }
+    }
+
+    /// Fold query `i`'s state over a later segment into this one. Merging into an empty
+    /// state copies exactly (e^-inf = 0, e^0 = 1).
+    #[inline(always)]
+    fn merge_query(&mut self, i: usize, max: f32, sum: f32, out: &[f32], d: usize) {
+        let new_max = self.max[i].max(max);
+        let a = exp_scalar(self.max[i] - new_max);
+        let b = exp_scalar(max - new_max);
+        self.max[i] = new_max;
+        self.sum[i] = self.sum[i] * a + sum * b;
+        for (o, &x) in self.out[i * d..(i + 1) * d].iter_mut().zip(out) {
+            *o = x.mul_add(b, *o * a);
+        }
+    }
+
+    /// Fold a later segment's partial state (same queries) into this one.
+    fn merge(&mut self, later: &Partial, d: usize) {
+        for i in 0..self.max.len() {
+            // A query before the segment saw none of it.
+            if later.max[i] != f32::NEG_INFINITY {
+                self.merge_query(i, later.max[i], later.sum[i], &later.out[i * d..], d);
+            }
+        }
+    }
+
+    /// softmax(QKᵀ)V: the weighted values over the sum of weights.
+    fn normalized(&self, d: usize) -> Vec<f32> {
+        let mut out = self.out.clone();
+        for (i, &sum) in self.sum.iter().enumerate() {
+            let inv = 1.0 / sum;
+            out[i * d..(i + 1) * d].iter_mut().for_each(|x| *x *= inv);
+        }
+        out
+    }
 }
 
 /// Store the keys `new` (`[slots.len()][kv_dim]`) into `cache` at `slots`, in the transposed
@@ -132,12 +216,14 @@ struct QueryBlock<'a> {
     kv_head: usize,
     first_head: usize,
     heads: usize,
+    /// The key segments this task covers (all of the block's, or one when split).
+    segments: std::ops::Range<usize>,
     shape: &'a AttnShape,
 }
 
 impl QueryBlock<'_> {
     #[allow(unsafe_code)]
-    fn attend(&self, k_cache: &[f32], v_cache: &[f32]) -> Vec<f32> {
+    fn attend(&self, k_cache: &[f32], v_cache: &[f32]) -> Partial {
         #[cfg(target_arch = "x86_64")]
         if super::quant::has_avx2() {
             // SAFETY: AVX2 and FMA are present (checked at run time); the body is safe code.
@@ -148,13 +234,14 @@ impl QueryBlock<'_> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn attend_avx2(&self, k_cache: &[f32], v_cache: &[f32]) -> Vec<f32> {
+    fn attend_avx2(&self, k_cache: &[f32], v_cache: &[f32]) -> Partial {
         self.body(k_cache, v_cache)
     }
 
-    /// Output `[rows, heads * d]` of this block, query-row major.
+    /// The block's unnormalised state over its segments (`[rows, heads * d]` outputs,
+    /// query-row major).
     #[inline(always)]
-    fn body(&self, k_cache: &[f32], v_cache: &[f32]) -> Vec<f32> {
+    fn body(&self, k_cache: &[f32], v_cache: &[f32]) -> Partial {
         let shape = self.shape;
         let d = shape.head_dim;
         let group = shape.num_heads / shape.num_kv_heads;
@@ -195,97 +282,108 @@ impl QueryBlock<'_> {
         } else {
             (vec![0f32; KEY_TILE * d], vec![0f32; KEY_TILE * d])
         };
-        for k0 in (0..ctx).step_by(KEY_TILE) {
-            let n = KEY_TILE.min(ctx - k0);
-            if !in_place {
-                for t in 0..KEY_TILE {
-                    let (g, u) = (t / GROUP, t % GROUP);
-                    let kg = &mut kt[g * d * GROUP..(g + 1) * d * GROUP];
-                    if t >= n {
-                        (0..d).for_each(|c| kg[c * GROUP + u] = 0.0);
-                        continue;
-                    }
-                    let p = k0 + t;
-                    let slot = table[p / bs] as usize * bs + p % bs;
-                    let block = slot / bs * bs * kv_w;
-                    for c in 0..d {
-                        kg[c * GROUP + u] = k_cache[block + (head + c) * bs + slot % bs];
-                    }
-                    vt[t * d..(t + 1) * d]
-                        .copy_from_slice(&v_cache[slot * kv_w + head..slot * kv_w + head + d]);
-                }
+        let mut total = Partial::empty(m, d);
+        for seg in self.segments.clone() {
+            let seg_start = seg * SEGMENT;
+            if seg_start >= ctx {
+                break;
             }
-            let groups: [KeyGroup<'_>; GROUPS] = std::array::from_fn(|g| {
-                let p = k0 + g * GROUP;
-                if p >= ctx {
-                    KeyGroup {
-                        k: &zero_keys,
-                        k_stride: GROUP,
-                        v: &zero_values,
-                        v_stride: d,
-                    }
-                } else if in_place {
-                    let block = table[p / bs] as usize;
-                    let u = p % bs;
-                    KeyGroup {
-                        k: &k_cache[block * bs * kv_w + head * bs + u..],
-                        k_stride: bs,
-                        v: &v_cache[(block * bs + u) * kv_w + head..],
-                        v_stride: kv_w,
-                    }
-                } else {
-                    KeyGroup {
-                        k: &kt[g * d * GROUP..],
-                        k_stride: GROUP,
-                        v: &vt[g * GROUP * d..],
-                        v_stride: d,
+            // Rows that see this segment (a suffix, as below); each starts it afresh.
+            let seg_first = seg_start.saturating_sub(pos0) * heads;
+            max[seg_first..].fill(f32::NEG_INFINITY);
+            sum[seg_first..].fill(0.0);
+            out[seg_first * d..].fill(0.0);
+            for k0 in (seg_start..ctx.min(seg_start + SEGMENT)).step_by(KEY_TILE) {
+                let n = KEY_TILE.min(ctx - k0);
+                if !in_place {
+                    for t in 0..KEY_TILE {
+                        let (g, u) = (t / GROUP, t % GROUP);
+                        let kg = &mut kt[g * d * GROUP..(g + 1) * d * GROUP];
+                        if t >= n {
+                            (0..d).for_each(|c| kg[c * GROUP + u] = 0.0);
+                            continue;
+                        }
+                        let p = k0 + t;
+                        let slot = table[p / bs] as usize * bs + p % bs;
+                        let block = slot / bs * bs * kv_w;
+                        for c in 0..d {
+                            kg[c * GROUP + u] = k_cache[block + (head + c) * bs + slot % bs];
+                        }
+                        vt[t * d..(t + 1) * d]
+                            .copy_from_slice(&v_cache[slot * kv_w + head..slot * kv_w + head + d]);
                     }
                 }
-            });
-            // Rows before `k0` see none of this tile; queries are row-major, so the rows that
-            // do are a suffix.
-            let first = k0.saturating_sub(pos0) * heads;
-            let live = m - first;
-            tile_products::scores(
-                &qs[first * d..],
-                &groups,
-                &mut scores[first * KEY_TILE..],
-                live,
-                d,
-            );
-            for i in first..m {
-                let pos = pos0 + i / heads;
-                // Keys past this row's position (or past the tile) do not count.
-                let visible = n.min(pos + 1 - k0);
-                let s: &mut [f32; KEY_TILE] = (&mut scores[i * KEY_TILE..(i + 1) * KEY_TILE])
-                    .try_into()
-                    .expect("score row");
-                s[visible..].fill(f32::NEG_INFINITY);
-                let new_max = max[i].max(max64(s));
-                correction[i] = exp_scalar(max[i] - new_max);
-                max[i] = new_max;
-                for x in s.iter_mut() {
-                    *x -= new_max;
+                let groups: [KeyGroup<'_>; GROUPS] = std::array::from_fn(|g| {
+                    let p = k0 + g * GROUP;
+                    if p >= ctx {
+                        KeyGroup {
+                            k: &zero_keys,
+                            k_stride: GROUP,
+                            v: &zero_values,
+                            v_stride: d,
+                        }
+                    } else if in_place {
+                        let block = table[p / bs] as usize;
+                        let u = p % bs;
+                        KeyGroup {
+                            k: &k_cache[block * bs * kv_w + head * bs + u..],
+                            k_stride: bs,
+                            v: &v_cache[(block * bs + u) * kv_w + head..],
+                            v_stride: kv_w,
+                        }
+                    } else {
+                        KeyGroup {
+                            k: &kt[g * d * GROUP..],
+                            k_stride: GROUP,
+                            v: &vt[g * GROUP * d..],
+                            v_stride: d,
+                        }
+                    }
+                });
+                // Rows before `k0` see none of this tile; queries are row-major, so the rows that
+                // do are a suffix.
+                let first = k0.saturating_sub(pos0) * heads;
+                let live = m - first;
+                tile_products::scores(
+                    &qs[first * d..],
+                    &groups,
+                    &mut scores[first * KEY_TILE..],
+                    live,
+                    d,
+                );
+                for i in first..m {
+                    let pos = pos0 + i / heads;
+                    // Keys past this row's position (or past the tile) do not count.
+                    let visible = n.min(pos + 1 - k0);
+                    let s: &mut [f32; KEY_TILE] = (&mut scores[i * KEY_TILE..(i + 1) * KEY_TILE])
+                        .try_into()
+                        .expect("score row");
+                    s[visible..].fill(f32::NEG_INFINITY);
+                    let new_max = max[i].max(max64(s));
+                    correction[i] = exp_scalar(max[i] - new_max);
+                    max[i] = new_max;
+                    for x in s.iter_mut() {
+                        *x -= new_max;
+                    }
+                    // Masked keys: e^-inf = 0, so they add nothing below.
+                    exp_in_place(s);
+                    sum[i] = sum[i] * correction[i] + sum64(s);
                 }
-                // Masked keys: e^-inf = 0, so they add nothing below.
-                exp_in_place(s);
-                sum[i] = sum[i] * correction[i] + sum64(s);
+                tile_products::weighted_values(
+                    &scores[first * KEY_TILE..],
+                    &groups,
+                    &correction[first..],
+                    &mut out[first * d..],
+                    live,
+                    d,
+                    n,
+                );
             }
-            tile_products::weighted_values(
-                &scores[first * KEY_TILE..],
-                &groups,
-                &correction[first..],
-                &mut out[first * d..],
-                live,
-                d,
-                n,
-            );
+            for i in seg_first..m {
+                total.merge_query(i, max[i], sum[i], &out[i * d..(i + 1) * d], d);
+            }
         }
-        for i in 0..m {
-            let inv = 1.0 / sum[i];
-            out[i * d..(i + 1) * d].iter_mut().for_each(|x| *x *= inv);
-        }
-        out
+        total
     }
 }
 
@@ -758,7 +856,7 @@ mod tests {
                 block_size: bs,
                 scale: 1.0 / (d as f32).sqrt(),
             };
-            let blocks = 40;
+            let blocks = 160;
             let kv_w = kv_heads * d;
             let kc: Vec<f32> = rand(blocks * bs * kv_w, &mut seed)
                 .iter()
@@ -772,9 +870,13 @@ mod tests {
                 (0usize, 77usize, 0usize), // a fresh prompt over one tile
                 (5 * bs, 23, 1),           // a chunk after cached blocks
                 (3, 9, 0),                 // a chunk cutting inside a block
+                (1100, 2, 1),              // rows past two segments (split across threads)
             ];
             for &(start, len, table) in &cases {
                 let table: &[u32] = if table == 0 { &t1 } else { &t2 };
+                if start + len > table.len() * bs {
+                    continue; // small blocks: the table cannot hold this context
+                }
                 let decode = AttnSeq {
                     q_offset: len,
                     q_len: 1,
@@ -805,8 +907,9 @@ mod tests {
     }
 
     /// A prompt's attention is bit-identical however it is chunked and whatever shares the
-    /// step: one 150-token chunk alone, or chunks of 37, 1 and 112 rows beside other
-    /// sequences (which also changes how tasks split the query heads).
+    /// step: one 1300-token chunk alone, or chunks of 600, 1, 37, 1 and 661 rows alone
+    /// (single rows split their context across threads) or beside other sequences (which
+    /// also changes how tasks split the query heads).
     #[test]
     fn results_do_not_depend_on_chunking_or_batching() {
         let mut seed = 5;
@@ -819,12 +922,12 @@ mod tests {
         };
         let kv_w = 3 * 64;
         let qdim = 9 * 64;
-        let blocks = 32;
+        let blocks = 96;
         let kc = rand(blocks * 16 * kv_w, &mut seed);
         let vc = rand(blocks * 16 * kv_w, &mut seed);
         let table: Vec<u32> = (0..blocks as u32).rev().collect();
         let other: Vec<u32> = (0..blocks as u32).collect();
-        let len = 150;
+        let len = 1300;
         let q = rand(len * qdim, &mut seed);
         let whole = paged_attention(
             &q,
@@ -839,7 +942,9 @@ mod tests {
             &shape,
         );
         let mut start = 0;
-        for chunk in [37, 1, 112] {
+        // Single rows past the first segment are split across threads; the whole prompt is
+        // not.
+        for chunk in [600, 1, 37, 1, 661] {
             // The chunk's rows after 40 rows of another sequence's prefill.
             let mut qq = rand(40 * qdim, &mut seed);
             qq.extend_from_slice(&q[start * qdim..(start + chunk) * qdim]);
