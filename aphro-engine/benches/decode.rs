@@ -45,6 +45,7 @@ fn main() {
         block_size: block,
         quiet: false,
         device: aphro_engine::backend::Device::Cpu,
+        kv_cache_dtype: Default::default(),
     })
     .expect("model loads");
     eprintln!(

@@ -537,6 +537,7 @@ fn half_precision_weights_track_f32() {
             block_size: 16,
             quiet: true,
             device: aphro_engine::backend::Device::Cpu,
+            kv_cache_dtype: Default::default(),
         })
         .expect("loads");
         let batch = BatchInput {

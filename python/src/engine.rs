@@ -73,6 +73,10 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
                 })?;
             }
             "kv_cache_memory" => cfg.kv_cache_memory = v.extract()?,
+            "kv_cache_dtype" => {
+                let s: String = v.extract()?;
+                cfg.kv_cache_dtype = s.parse().map_err(PyValueError::new_err)?;
+            }
             "block_size" => cfg.block_size = v.extract()?,
             "num_gpu_blocks_override" => cfg.num_gpu_blocks_override = v.extract()?,
             "max_num_batched_tokens" => cfg.max_num_batched_tokens = v.extract()?,
@@ -101,7 +105,7 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "Engine() got an unexpected engine argument {other:?} (known: dtype, \
-                     device, kv_cache_memory, block_size, num_gpu_blocks_override, \
+                     device, kv_cache_memory, kv_cache_dtype, block_size, num_gpu_blocks_override, \
                      max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, \
                      prefill_pacing_ratio, scheduling_policy, enable_prefix_caching, max_model_len, max_logprobs, seed, \
                      served_model_name, tokens_only)"

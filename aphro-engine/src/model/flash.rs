@@ -34,10 +34,10 @@ const KEY_TILE: usize = 64;
 
 /// Attention of every query row of `seqs`: `[tokens, heads * d]` for the `tokens = q.len() /
 /// (heads * d)` rows of `q`; rows no sequence owns stay zero.
-pub fn paged_attention(
+pub fn paged_attention<T: KvElement>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     seqs: &[AttnSeq<'_>],
     shape: &AttnShape,
 ) -> Vec<f32> {
@@ -190,7 +190,7 @@ impl Partial {
 
 /// Store the keys `new` (`[slots.len()][kv_dim]`) into `cache` at `slots`, in the transposed
 /// block layout [`paged_attention`] reads (see the module doc).
-pub fn write_keys(cache: &mut [f32], new: &[f32], slots: &[usize], shape: &AttnShape) {
+pub fn write_keys<T: KvElement>(cache: &mut [T], new: &[f32], slots: &[usize], shape: &AttnShape) {
     let kv_w = shape.num_kv_heads * shape.head_dim;
     let bs = shape.block_size.max(1);
     if kv_w == 0 {
@@ -200,7 +200,7 @@ pub fn write_keys(cache: &mut [f32], new: &[f32], slots: &[usize], shape: &AttnS
         let (block, u) = (slot / bs, slot % bs);
         let dst = &mut cache[block * bs * kv_w..(block + 1) * bs * kv_w];
         for (j, &x) in row.iter().enumerate() {
-            dst[j * bs + u] = x;
+            dst[j * bs + u] = T::from_f32(x);
         }
     }
 }
@@ -223,7 +223,7 @@ struct QueryBlock<'a> {
 
 impl QueryBlock<'_> {
     #[allow(unsafe_code)]
-    fn attend(&self, k_cache: &[f32], v_cache: &[f32]) -> Partial {
+    fn attend<T: KvElement>(&self, k_cache: &[T], v_cache: &[T]) -> Partial {
         #[cfg(target_arch = "x86_64")]
         if super::quant::has_avx2() {
             // SAFETY: AVX2 and FMA are present (checked at run time); the body is safe code.
@@ -233,15 +233,15 @@ impl QueryBlock<'_> {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    fn attend_avx2(&self, k_cache: &[f32], v_cache: &[f32]) -> Partial {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn attend_avx2<T: KvElement>(&self, k_cache: &[T], v_cache: &[T]) -> Partial {
         self.body(k_cache, v_cache)
     }
 
     /// The block's unnormalised state over its segments (`[rows, heads * d]` outputs,
     /// query-row major).
     #[inline(always)]
-    fn body(&self, k_cache: &[f32], v_cache: &[f32]) -> Partial {
+    fn body<T: KvElement>(&self, k_cache: &[T], v_cache: &[T]) -> Partial {
         let shape = self.shape;
         let d = shape.head_dim;
         let group = shape.num_heads / shape.num_kv_heads;
@@ -275,12 +275,12 @@ impl QueryBlock<'_> {
         // Blocks whose size is a multiple of a key group are read in place; others are
         // gathered into tiles of the same shape first (same arithmetic either way).
         let in_place = bs % GROUP == 0;
-        let zero_keys = vec![0f32; d * GROUP];
-        let zero_values = vec![0f32; GROUP * d];
+        let zero_keys = vec![T::ZERO; d * GROUP];
+        let zero_values = vec![T::ZERO; GROUP * d];
         let (mut kt, mut vt) = if in_place {
             (Vec::new(), Vec::new())
         } else {
-            (vec![0f32; KEY_TILE * d], vec![0f32; KEY_TILE * d])
+            (vec![T::ZERO; KEY_TILE * d], vec![T::ZERO; KEY_TILE * d])
         };
         let mut total = Partial::empty(m, d);
         for seg in self.segments.clone() {
@@ -300,7 +300,7 @@ impl QueryBlock<'_> {
                         let (g, u) = (t / GROUP, t % GROUP);
                         let kg = &mut kt[g * d * GROUP..(g + 1) * d * GROUP];
                         if t >= n {
-                            (0..d).for_each(|c| kg[c * GROUP + u] = 0.0);
+                            (0..d).for_each(|c| kg[c * GROUP + u] = T::ZERO);
                             continue;
                         }
                         let p = k0 + t;
@@ -313,7 +313,7 @@ impl QueryBlock<'_> {
                             .copy_from_slice(&v_cache[slot * kv_w + head..slot * kv_w + head + d]);
                     }
                 }
-                let groups: [KeyGroup<'_>; GROUPS] = std::array::from_fn(|g| {
+                let groups: [KeyGroup<'_, T>; GROUPS] = std::array::from_fn(|g| {
                     let p = k0 + g * GROUP;
                     if p >= ctx {
                         KeyGroup {
@@ -396,11 +396,90 @@ const GROUPS: usize = KEY_TILE / GROUP;
 /// `k[c * k_stride + u]` (the cache's transposed block layout, or a gathered tile), its value
 /// row is `v[u * v_stride..][..head_dim]`.
 #[derive(Clone, Copy)]
-struct KeyGroup<'a> {
-    k: &'a [f32],
+struct KeyGroup<'a, T> {
+    k: &'a [T],
     k_stride: usize,
-    v: &'a [f32],
+    v: &'a [T],
     v_stride: usize,
+}
+
+/// A KV-cache element: `f32`, or a 16-bit float (`--kv-cache-dtype float16 | bfloat16`)
+/// widened to `f32` on load, exactly, so the arithmetic after the load is the same.
+#[allow(unsafe_code)]
+pub trait KvElement: Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    fn to_f32(self) -> f32;
+    /// Round to nearest even (the cache write).
+    fn from_f32(x: f32) -> Self;
+    /// Eight consecutive elements widened to `f32` lanes.
+    ///
+    /// # Safety
+    /// `p..p + 8` is readable, and the caller runs with AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+// The 8-lane loads are plain array reads: `_mm256_loadu_ps` and friends are a
+// `copy_nonoverlapping`, whose precondition checks (on in the dev profile the tests and
+// benchmarks use) spill the kernels' accumulators around every load.
+#[allow(unsafe_code)]
+impl KvElement for f32 {
+    const ZERO: Self = 0.0;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::mem::transmute::<[f32; 8], std::arch::x86_64::__m256>(*(p as *const [f32; 8]))
+    }
+}
+
+#[allow(unsafe_code)]
+impl KvElement for half::f16 {
+    const ZERO: Self = half::f16::ZERO;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(std::mem::transmute::<[u16; 8], __m128i>(
+            *(p as *const [u16; 8]),
+        ))
+    }
+}
+
+#[allow(unsafe_code)]
+impl KvElement for half::bf16 {
+    const ZERO: Self = half::bf16::ZERO;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // bf16 is the top half of an f32: widen to 32 bits and shift into place.
+        let h = std::mem::transmute::<[u16; 8], __m128i>(*(p as *const [u16; 8]));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
 }
 
 /// The two products of a tile, `S = Q Kᵀ` and `O = c ⊙ O + P V`, register-blocked over four
@@ -409,14 +488,14 @@ struct KeyGroup<'a> {
 /// blocking, so a query's result never depends on which queries share its block; the AVX2
 /// path and the portable one agree bit for bit.
 mod tile_products {
-    use super::{KeyGroup, GROUP, GROUPS, KEY_TILE};
+    use super::{KeyGroup, KvElement, GROUP, GROUPS, KEY_TILE};
 
     /// `scores[i][t] = q_i · key t` for `count` queries (`q`: `[count][d]`, `scores`:
     /// `[count][KEY_TILE]`).
     #[allow(unsafe_code)]
-    pub(super) fn scores(
+    pub(super) fn scores<T: KvElement>(
         q: &[f32],
-        groups: &[KeyGroup<'_>; GROUPS],
+        groups: &[KeyGroup<'_, T>; GROUPS],
         scores: &mut [f32],
         count: usize,
         d: usize,
@@ -439,7 +518,7 @@ mod tile_products {
                 for (c, &qc) in qi.iter().enumerate() {
                     let row = &kg.k[c * kg.k_stride..c * kg.k_stride + GROUP];
                     for u in 0..GROUP {
-                        acc[u] = qc.mul_add(row[u], acc[u]);
+                        acc[u] = qc.mul_add(row[u].to_f32(), acc[u]);
                     }
                 }
                 let at = i * KEY_TILE + g * GROUP;
@@ -452,9 +531,9 @@ mod tile_products {
     /// (`p`: `[count][KEY_TILE]`, `out`: `[count][d]`). A weight of zero adds exactly
     /// nothing, so rows that see fewer than `keys` keys ride along.
     #[allow(unsafe_code)]
-    pub(super) fn weighted_values(
+    pub(super) fn weighted_values<T: KvElement>(
         p: &[f32],
-        groups: &[KeyGroup<'_>; GROUPS],
+        groups: &[KeyGroup<'_, T>; GROUPS],
         correction: &[f32],
         out: &mut [f32],
         count: usize,
@@ -481,7 +560,7 @@ mod tile_products {
                 let kg = &groups[t / GROUP];
                 let v = &kg.v[(t % GROUP) * kg.v_stride..][..d];
                 for (a, &x) in o.iter_mut().zip(v) {
-                    *a = w.mul_add(x, *a);
+                    *a = w.mul_add(x.to_f32(), *a);
                 }
             }
         }
@@ -490,18 +569,16 @@ mod tile_products {
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     mod avx2 {
-        use super::{KeyGroup, GROUP, GROUPS, KEY_TILE};
+        use super::{KeyGroup, KvElement, GROUP, GROUPS, KEY_TILE};
         use std::arch::x86_64::*;
 
-        /// An unaligned 8-lane load. `_mm256_loadu_ps` is a `copy_nonoverlapping`, whose
-        /// precondition checks (on in the dev profile the tests and benchmarks use) spill
-        /// the accumulators around every load; a plain array read is the same `vmovups`.
+        /// An unaligned 8-lane load of `f32`s (see [`KvElement`] on why not `loadu`).
         #[inline(always)]
         unsafe fn ld(p: *const f32) -> __m256 {
-            std::mem::transmute::<[f32; 8], __m256>(*(p as *const [f32; 8]))
+            f32::load8(p)
         }
 
-        /// An unaligned 8-lane store (see [`ld`]).
+        /// An unaligned 8-lane store (see [`KvElement`] on why not `storeu`).
         #[inline(always)]
         unsafe fn st(p: *mut f32, v: __m256) {
             *(p as *mut [f32; 8]) = std::mem::transmute::<__m256, [f32; 8]>(v);
@@ -512,10 +589,10 @@ mod tile_products {
         const QB: usize = 4;
 
         /// Callers check the slice lengths (see `super::scores`).
-        #[target_feature(enable = "avx2,fma")]
-        pub(super) unsafe fn scores(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn scores<T: KvElement>(
             q: &[f32],
-            groups: &[KeyGroup<'_>; GROUPS],
+            groups: &[KeyGroup<'_, T>; GROUPS],
             scores: &mut [f32],
             count: usize,
             d: usize,
@@ -539,9 +616,15 @@ mod tile_products {
 
         /// Sixteen scores of four queries: eight accumulators, two key loads and four
         /// broadcasts per dimension.
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         #[inline]
-        unsafe fn scores4(q: *const f32, k: *const f32, k_stride: usize, s: *mut f32, d: usize) {
+        unsafe fn scores4<T: KvElement>(
+            q: *const f32,
+            k: *const T,
+            k_stride: usize,
+            s: *mut f32,
+            d: usize,
+        ) {
             let (q0, q1, q2, q3) = (q, q.add(d), q.add(2 * d), q.add(3 * d));
             let mut a0 = _mm256_setzero_ps();
             let mut b0 = _mm256_setzero_ps();
@@ -553,8 +636,8 @@ mod tile_products {
             let mut b3 = _mm256_setzero_ps();
             let mut kp = k;
             for c in 0..d {
-                let k0 = ld(kp);
-                let k1 = ld(kp.add(8));
+                let k0 = T::load8(kp);
+                let k1 = T::load8(kp.add(8));
                 kp = kp.add(k_stride);
                 let x = _mm256_broadcast_ss(&*q0.add(c));
                 a0 = _mm256_fmadd_ps(x, k0, a0);
@@ -579,16 +662,22 @@ mod tile_products {
             }
         }
 
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         #[inline]
-        unsafe fn scores1(q: *const f32, k: *const f32, k_stride: usize, s: *mut f32, d: usize) {
+        unsafe fn scores1<T: KvElement>(
+            q: *const f32,
+            k: *const T,
+            k_stride: usize,
+            s: *mut f32,
+            d: usize,
+        ) {
             let mut a = _mm256_setzero_ps();
             let mut b = _mm256_setzero_ps();
             let mut kp = k;
             for c in 0..d {
                 let x = _mm256_broadcast_ss(&*q.add(c));
-                a = _mm256_fmadd_ps(x, ld(kp), a);
-                b = _mm256_fmadd_ps(x, ld(kp.add(8)), b);
+                a = _mm256_fmadd_ps(x, T::load8(kp), a);
+                b = _mm256_fmadd_ps(x, T::load8(kp.add(8)), b);
                 kp = kp.add(k_stride);
             }
             st(s, a);
@@ -596,10 +685,10 @@ mod tile_products {
         }
 
         /// Callers check the slice lengths (see `super::weighted_values`).
-        #[target_feature(enable = "avx2,fma")]
-        pub(super) unsafe fn weighted_values(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn weighted_values<T: KvElement>(
             p: &[f32],
-            groups: &[KeyGroup<'_>; GROUPS],
+            groups: &[KeyGroup<'_, T>; GROUPS],
             correction: &[f32],
             out: &mut [f32],
             count: usize,
@@ -607,7 +696,7 @@ mod tile_products {
             keys: usize,
         ) {
             // Value row of key t.
-            let mut rows = [std::ptr::null::<f32>(); KEY_TILE];
+            let mut rows = [std::ptr::null::<T>(); KEY_TILE];
             for (t, row) in rows.iter_mut().enumerate().take(keys) {
                 let kg = &groups[t / GROUP];
                 *row = kg.v.as_ptr().add((t % GROUP) * kg.v_stride);
@@ -630,11 +719,11 @@ mod tile_products {
 
         /// Output dimensions `c..c + 16` of four queries (`out` points at the first one's
         /// `c`; rows `d` apart), rescaled by their corrections, plus their weighted values.
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         #[inline]
-        unsafe fn values4(
+        unsafe fn values4<T: KvElement>(
             p: *const f32,
-            rows: &[*const f32],
+            rows: &[*const T],
             c: usize,
             correction: *const f32,
             out: *mut f32,
@@ -655,8 +744,8 @@ mod tile_products {
             let mut b3 = _mm256_mul_ps(ld(o3.add(8)), c3);
             let (p0, p1, p2, p3) = (p, p.add(KEY_TILE), p.add(2 * KEY_TILE), p.add(3 * KEY_TILE));
             for (t, &row) in rows.iter().enumerate() {
-                let v0 = ld(row.add(c));
-                let v1 = ld(row.add(c + 8));
+                let v0 = T::load8(row.add(c));
+                let v1 = T::load8(row.add(c + 8));
                 let w = _mm256_broadcast_ss(&*p0.add(t));
                 a0 = _mm256_fmadd_ps(w, v0, a0);
                 b0 = _mm256_fmadd_ps(w, v1, b0);
@@ -680,11 +769,11 @@ mod tile_products {
             st(o3.add(8), b3);
         }
 
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         #[inline]
-        unsafe fn values1(
+        unsafe fn values1<T: KvElement>(
             p: *const f32,
-            rows: &[*const f32],
+            rows: &[*const T],
             c: usize,
             correction: *const f32,
             out: *mut f32,
@@ -694,8 +783,8 @@ mod tile_products {
             let mut b = _mm256_mul_ps(ld(out.add(8)), scale);
             for (t, &row) in rows.iter().enumerate() {
                 let w = _mm256_broadcast_ss(&*p.add(t));
-                a = _mm256_fmadd_ps(w, ld(row.add(c)), a);
-                b = _mm256_fmadd_ps(w, ld(row.add(c + 8)), b);
+                a = _mm256_fmadd_ps(w, T::load8(row.add(c)), a);
+                b = _mm256_fmadd_ps(w, T::load8(row.add(c + 8)), b);
             }
             st(out, a);
             st(out.add(8), b);
@@ -999,7 +1088,7 @@ mod tests {
         let mut seed = 3u64;
         let kd = rand(GROUPS * d * GROUP, &mut seed);
         let vd = rand(KEY_TILE * d, &mut seed);
-        let groups: [KeyGroup<'_>; GROUPS] = std::array::from_fn(|g| KeyGroup {
+        let groups: [KeyGroup<'_, f32>; GROUPS] = std::array::from_fn(|g| KeyGroup {
             k: &kd[g * d * GROUP..],
             k_stride: GROUP,
             v: &vd[g * GROUP * d..],
@@ -1032,5 +1121,65 @@ mod tests {
             tile_products::weighted_values(&s, &groups, &correction, &mut out, count, d, keys);
             assert_eq!(out, want, "{count} queries");
         }
+    }
+
+    /// 16-bit caches (`--kv-cache-dtype float16 | bfloat16`): the kernel over the stored
+    /// keys and values equals the reference over the same values widened to `f32`, on the
+    /// in-place path and the gathered one.
+    #[test]
+    fn sixteen_bit_caches_match_the_reference_over_their_values() {
+        fn check<T: KvElement>(name: &str) {
+            let mut seed = 21;
+            for (heads, kv_heads, d, bs) in [(9, 3, 64, 16), (4, 4, 8, 4)] {
+                let shape = AttnShape {
+                    num_heads: heads,
+                    num_kv_heads: kv_heads,
+                    head_dim: d,
+                    block_size: bs,
+                    scale: 1.0 / (d as f32).sqrt(),
+                };
+                let kv_w = kv_heads * d;
+                let slots = 64 * bs;
+                let round = |v: Vec<f32>| -> Vec<f32> {
+                    v.iter().map(|&x| T::from_f32(x).to_f32()).collect()
+                };
+                let kc = round(
+                    rand(slots * kv_w, &mut seed)
+                        .iter()
+                        .map(|v| v * 6.0)
+                        .collect(),
+                );
+                let vc = round(rand(slots * kv_w, &mut seed));
+                let mut k16 = vec![T::ZERO; kc.len()];
+                write_keys(&mut k16, &kc, &(0..slots).collect::<Vec<_>>(), &shape);
+                let v16: Vec<T> = vc.iter().map(|&x| T::from_f32(x)).collect();
+                let table: Vec<u32> = (0..64u32).rev().collect();
+                let seqs = [
+                    AttnSeq {
+                        q_offset: 0,
+                        q_len: 70,
+                        start_pos: 9,
+                        block_table: &table,
+                    },
+                    AttnSeq {
+                        q_offset: 70,
+                        q_len: 1,
+                        start_pos: 600.min(slots - 1),
+                        block_table: &table,
+                    },
+                ];
+                let q = rand(71 * heads * d, &mut seed);
+                let want = reference(&q, &kc, &vc, &seqs, &shape);
+                let got = paged_attention(&q, &k16, &v16, &seqs, &shape);
+                let worst = want
+                    .iter()
+                    .zip(&got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(worst < 2e-5, "{name} heads {heads} d {d} bs {bs}: {worst}");
+            }
+        }
+        check::<half::f16>("float16");
+        check::<half::bf16>("bfloat16");
     }
 }

@@ -70,6 +70,39 @@ pub enum ModelDType {
     Float16,
 }
 
+/// Storage of the paged KV cache (`--kv-cache-dtype`, vLLM's name and spellings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDType {
+    /// The model's compute precision: `f32` on the CPU, the 16-bit type of 16-bit weights
+    /// on a GPU.
+    #[default]
+    Auto,
+    /// IEEE half: half the bytes (and the attention memory traffic) of `f32`, rounding each
+    /// cached key and value to 11 significant bits.
+    Float16,
+    /// bfloat16: half the bytes, 8 significant bits.
+    BFloat16,
+}
+
+impl std::str::FromStr for KvCacheDType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "float16" | "fp16" | "half" => Ok(Self::Float16),
+            "bfloat16" | "bf16" => Ok(Self::BFloat16),
+            "fp8" | "fp8_e4m3" | "fp8_e5m2" | "fp8_inc" | "fp8_ds_mla" => Err(format!(
+                "--kv-cache-dtype {s} is not supported: aphro's KV cache stores auto, float16 \
+                 or bfloat16"
+            )),
+            _ => Err(format!(
+                "invalid --kv-cache-dtype {s:?}: expected auto, float16 or bfloat16"
+            )),
+        }
+    }
+}
+
 /// The precision the embedded default model (SmolLM2-135M, Q4_1 GGUF) runs at unless told
 /// otherwise: measured by `scripts/measure_precision.py`, its 4-bit weights against 8-bit
 /// activations answer badly, dequantized to f32 they match the HF float32 reference (README).
@@ -91,6 +124,8 @@ pub struct ModelLoadConfig {
     pub quiet: bool,
     /// Where the model runs (see [`crate::backend`]).
     pub device: Device,
+    /// Storage of the KV cache (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDType,
 }
 
 impl Default for ModelLoadConfig {
@@ -103,6 +138,7 @@ impl Default for ModelLoadConfig {
             block_size: 16,
             quiet: false,
             device: Device::Auto,
+            kv_cache_dtype: KvCacheDType::Auto,
         }
     }
 }
@@ -202,10 +238,13 @@ pub fn load_runner_on<B: EngineOps>(
     device: &B::Device,
 ) -> Result<LlamaRunner<B>, ModelError> {
     let model = load_model_with::<B>(&cfg.model_path, cfg.dtype, cfg.quiet, device)?;
-    // 16-bit device weights come with a 16-bit KV pool (twice the blocks per byte).
-    let kv = match B::weight_storage(cfg.dtype) {
-        WeightStorage::Dense16(dt) => dt,
-        _ => burn::tensor::FloatDType::F32,
+    // 16-bit device weights come with a 16-bit KV pool (twice the blocks per byte), unless
+    // `--kv-cache-dtype` says otherwise.
+    let kv = match (cfg.kv_cache_dtype, B::weight_storage(cfg.dtype)) {
+        (KvCacheDType::Float16, _) => burn::tensor::FloatDType::F16,
+        (KvCacheDType::BFloat16, _) => burn::tensor::FloatDType::BF16,
+        (KvCacheDType::Auto, WeightStorage::Dense16(dt)) => dt,
+        (KvCacheDType::Auto, _) => burn::tensor::FloatDType::F32,
     };
     let bytes = cache_bytes_for(cfg, &model.cfg, kv);
     LlamaRunner::with_kv_dtype(model, bytes, cfg.block_size, kv)
@@ -236,9 +275,7 @@ fn cache_bytes_for(
 
 /// [`load_runner`] with the concrete type (for tracing / benchmarks).
 pub fn load_flex_runner(cfg: &ModelLoadConfig) -> Result<LlamaRunner<Flex>, ModelError> {
-    let model = load_model_with::<Flex>(&cfg.model_path, cfg.dtype, cfg.quiet, &FlexDevice)?;
-    let bytes = cache_bytes_for(cfg, &model.cfg, burn::tensor::FloatDType::F32);
-    LlamaRunner::new(model, bytes, cfg.block_size)
+    load_runner_on::<Flex>(cfg, &FlexDevice)
 }
 
 #[cfg(test)]
@@ -349,6 +386,7 @@ mod tests {
                 block_size: 4,
                 quiet: true,
                 device: Device::Cpu,
+                kv_cache_dtype: Default::default(),
             };
             let mut r = load_flex_runner(&cfg).expect("tiny model loads");
             assert_eq!(r.info().architecture, arch);
@@ -499,6 +537,7 @@ mod tests {
                 block_size: 4,
                 quiet: true,
                 device: Device::Cpu,
+                kv_cache_dtype: Default::default(),
             })
             .expect("tiny K-quant GGUF loads")
         };

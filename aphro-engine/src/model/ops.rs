@@ -8,8 +8,9 @@
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Bool, Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
 
+use super::flash::{paged_attention, write_keys, KvElement};
 use super::quant::{dense_matmul, QuantMatrix, QuantType};
 use super::{ModelDType, WeightStorage};
 
@@ -270,6 +271,32 @@ pub(super) fn f32_data(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
+/// A cache write's rows as `f32`: the model's activations, or a 16-bit cache's own rows (a
+/// block copy), which widen exactly and so round back to the same bits.
+fn rows_as_f32(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    fn widen<T: KvElement + burn::tensor::Element + bytemuck::Pod>(t: &FlexTensor) -> Vec<f32> {
+        kv_slice::<T>(t).iter().map(|x| x.to_f32()).collect()
+    }
+    match t.dtype() {
+        DType::F16 => std::borrow::Cow::Owned(widen::<half::f16>(t)),
+        DType::BF16 => std::borrow::Cow::Owned(widen::<half::bf16>(t)),
+        _ => f32_data(t),
+    }
+}
+
+/// A KV cache tensor's elements (it is contiguous: the cache writes make it so).
+fn kv_slice<T: burn::tensor::Element + bytemuck::Pod>(t: &FlexTensor) -> std::borrow::Cow<'_, [T]> {
+    match t.as_slice::<T>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(
+            t.to_contiguous()
+                .as_slice::<T>()
+                .map(<[T]>::to_vec)
+                .unwrap_or_default(),
+        ),
+    }
+}
+
 pub(super) fn flex_from(data: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(data, shape))
 }
@@ -283,14 +310,27 @@ fn dims2(t: &FlexTensor) -> [usize; 2] {
 impl EngineOps for Flex {
     fn reshape_and_cache(mut cache: FlexTensor, new: FlexTensor, slots: &[usize]) -> FlexTensor {
         let [_, width] = dims2(&cache);
-        let new = f32_data(&new).into_owned();
+        let new = rows_as_f32(&new);
         if !cache.is_contiguous() {
             cache = cache.to_contiguous();
         }
         // The runner holds the only reference, so this writes in place (no copy).
-        let dst = cache.storage_mut::<f32>();
-        for (row, &slot) in new.chunks_exact(width).zip(slots) {
-            dst[slot * width..(slot + 1) * width].copy_from_slice(row);
+        fn write<T: KvElement + burn::tensor::Element + bytemuck::Pod>(
+            dst: &mut [T],
+            new: &[f32],
+            width: usize,
+            slots: &[usize],
+        ) {
+            for (row, &slot) in new.chunks_exact(width).zip(slots) {
+                for (d, &x) in dst[slot * width..(slot + 1) * width].iter_mut().zip(row) {
+                    *d = T::from_f32(x);
+                }
+            }
+        }
+        match cache.dtype() {
+            DType::F16 => write(cache.storage_mut::<half::f16>(), &new, width, slots),
+            DType::BF16 => write(cache.storage_mut::<half::bf16>(), &new, width, slots),
+            _ => write(cache.storage_mut::<f32>(), &new, width, slots),
         }
         cache
     }
@@ -301,11 +341,15 @@ impl EngineOps for Flex {
         slots: &[usize],
         shape: &AttnShape,
     ) -> FlexTensor {
-        let new = f32_data(&new).into_owned();
+        let new = rows_as_f32(&new);
         if !cache.is_contiguous() {
             cache = cache.to_contiguous();
         }
-        super::flash::write_keys(cache.storage_mut::<f32>(), &new, slots, shape);
+        match cache.dtype() {
+            DType::F16 => write_keys(cache.storage_mut::<half::f16>(), &new, slots, shape),
+            DType::BF16 => write_keys(cache.storage_mut::<half::bf16>(), &new, slots, shape),
+            _ => write_keys(cache.storage_mut::<f32>(), &new, slots, shape),
+        }
         cache
     }
 
@@ -317,13 +361,24 @@ impl EngineOps for Flex {
         shape: &AttnShape,
     ) -> FlexTensor {
         let [tokens, qdim] = dims2(&q);
-        let out = super::flash::paged_attention(
-            &f32_data(&q),
-            &f32_data(k_cache),
-            &f32_data(v_cache),
-            seqs,
-            shape,
-        );
+        let q = f32_data(&q);
+        let out = match k_cache.dtype() {
+            DType::F16 => paged_attention(
+                &q,
+                &kv_slice::<half::f16>(k_cache),
+                &kv_slice::<half::f16>(v_cache),
+                seqs,
+                shape,
+            ),
+            DType::BF16 => paged_attention(
+                &q,
+                &kv_slice::<half::bf16>(k_cache),
+                &kv_slice::<half::bf16>(v_cache),
+                seqs,
+                shape,
+            ),
+            _ => paged_attention(&q, &f32_data(k_cache), &f32_data(v_cache), seqs, shape),
+        };
         flex_from(out, [tokens, qdim])
     }
 

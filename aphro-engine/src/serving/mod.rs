@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 use crate::backend::Device;
 use crate::engine::{Engine, EngineConfig, EngineError, GenerateStream};
 use crate::metrics::MetricsSnapshot;
-use crate::model::{load_runner, resolve_model_path, ModelDType, ModelLoadConfig};
+use crate::model::{load_runner, resolve_model_path, KvCacheDType, ModelDType, ModelLoadConfig};
 use crate::request::{
     EngineRequest, PositionLogprobs, SamplingConfig, ValidationError, MAX_N_SEQUENCES,
 };
@@ -56,6 +56,8 @@ pub struct ServingConfig {
     /// Bytes of the paged KV cache (`--kv-cache-memory`); `None`: 256 MiB, or more when
     /// one sequence of the served context needs more.
     pub kv_cache_memory: Option<usize>,
+    /// Storage of the KV cache (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDType,
     /// Tokens per KV block (`--block-size`).
     pub block_size: usize,
     /// `--num-gpu-blocks-override`: the cache holds this many blocks (plus one spare)
@@ -175,6 +177,7 @@ impl Default for ServingConfig {
             dtype: ModelDType::Auto,
             device: Device::Auto,
             kv_cache_memory: None,
+            kv_cache_dtype: KvCacheDType::Auto,
             block_size: 16,
             num_gpu_blocks_override: None,
             max_num_batched_tokens: e.max_num_batched_tokens,
@@ -430,6 +433,7 @@ impl ServingEngine {
             block_size: cfg.block_size,
             quiet: false,
             device: cfg.device,
+            kv_cache_dtype: cfg.kv_cache_dtype,
         })
         .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))?;
         let max_model_len = served_len(&cfg, runner.as_ref())?;

@@ -76,6 +76,11 @@ pub struct EngineArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// Storage of the KV cache: `auto` (the model's precision: f32 on the CPU), `float16`
+    /// or `bfloat16` (half the memory and attention traffic; see the README for what it
+    /// changes).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: aphro_engine::model::KvCacheDType,
     /// KV blocks to allocate, whatever `--kv-cache-memory` says.
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
@@ -146,6 +151,7 @@ impl EngineArgs {
             dtype: self.effective_dtype().into(),
             device: self.device,
             kv_cache_memory: self.kv_cache_memory,
+            kv_cache_dtype: self.kv_cache_dtype,
             block_size: self.block_size,
             num_gpu_blocks_override: self.num_gpu_blocks_override,
             max_num_batched_tokens: self.max_num_batched_tokens,
