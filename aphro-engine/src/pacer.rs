@@ -11,8 +11,10 @@
 //! mixed steps since the last one) the pacer asks for one step without prefill (a probe).
 
 /// Fewest prefill tokens a paced step carries, so a prompt always progresses even when one
-/// token costs more than the latency allowance.
-pub const MIN_PREFILL_TOKENS: usize = 16;
+/// token costs more than the latency allowance. One: deep in a long prompt a single token's
+/// attention costs about a decode step on a small CPU (SmolLM2 at 8k context, two cores),
+/// so any larger floor alone would break the latency the pacer is there to keep.
+pub const MIN_PREFILL_TOKENS: usize = 1;
 /// Mixed steps between two decode-only probes (decode costs drift as contexts grow).
 const PROBE_EVERY: u32 = 64;
 /// Weight of the newest observation in the running averages.
