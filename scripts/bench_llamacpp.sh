@@ -14,8 +14,9 @@
 # ${XDG_CACHE_HOME:-~/.cache}/aphro/llama.cpp. aphro is the dev-profile binary the tests build
 # (its profile compiles the engine and every dependency at opt-level 3). Env: THREADS (default
 # "1 2"), REPS (llama-bench repetitions, default 2), LLAMA_FA (llama-bench flash attention,
-# default 1: its faster CPU setting at long contexts), LLAMA_CPP_PY_VERSION, JOBS (build
-# parallelism, default 2).
+# default 1: its faster CPU setting at long contexts), KV_DTYPE (aphro's --kv-cache-dtype,
+# default float16: llama.cpp's default KV cache type, so both read the same bytes per key),
+# LLAMA_CPP_PY_VERSION, JOBS (build parallelism, default 2).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,6 +27,7 @@ THREADS=${THREADS:-1 2}
 REPS=${REPS:-2}
 LLAMA_FA=${LLAMA_FA:-1}
 JOBS=${JOBS:-2}
+KV_DTYPE=${KV_DTYPE:-float16}
 VERSION=${LLAMA_CPP_PY_VERSION:-0.3.16}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/aphro/llama.cpp
 SRC=$CACHE/llama_cpp_python-$VERSION
@@ -89,13 +91,14 @@ for T in $THREADS; do
         -npl 8,16,32 --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/batched-$T.jsonl"
     echo "[$T threads] aphro bench --json ..." >&2
     RAYON_NUM_THREADS=$T "$APHRO" bench --model "$MODEL" --dtype auto --json \
+        --kv-cache-dtype "$KV_DTYPE" \
         --prefill-lens 512,2048,4096,8192 --decode-contexts 0,2048,8064 \
         >"$OUT/aphro-$T.json"
 done
 
-python3 - "$OUT" $THREADS <<'PY'
+python3 - "$OUT" "$KV_DTYPE" $THREADS <<'PY'
 import json, os, sys
-out, threads = sys.argv[1], sys.argv[2:]
+out, kv, threads = sys.argv[1], sys.argv[2], sys.argv[3:]
 for t in threads:
     llama = json.load(open(os.path.join(out, f"llama-pp-{t}.json")))
     llama += json.load(open(os.path.join(out, f"llama-tg-{t}.json")))
@@ -116,11 +119,21 @@ for t in threads:
         rows.append((f"decode 128, context {c}", tg.get(c), d["tok_s"]))
     for c, v in aphro.get("aggregate_tok_s", {}).items():
         rows.append((f"aggregate, {c} concurrent", agg.get(c), v))
-    print(f"\n{t} thread(s)")
+    print(f"\n{t} thread(s); aphro KV cache {kv}, llama.cpp KV cache f16")
     print(f"{'measurement':<30} {'llama.cpp':>10} {'aphro':>10} {'aphro/llama':>12}")
     for name, l, a in rows:
         ratio = f"{a / l:.2f}" if l else "-"
         print(f"{name:<30} {l or 0:>10.1f} {a:>10.1f} {ratio:>12}")
+    # Time to first token grows with the prompt: exact attention alone makes 8k ~2.7x 4k.
+    ttft = {p["prompt_tokens"]: p["prompt_tokens"] / p["tok_s"] for p in aphro["prefill"]}
+    four = min(ttft, key=lambda n: abs(n - 4096), default=None)
+    eight = min(ttft, key=lambda n: abs(n - 8192), default=None)
+    if four and eight and eight != four:
+        lt = {n: n / v for n, v in pp.items()}
+        l4, l8 = lt.get(4096), lt.get(8192)
+        lratio = f", llama.cpp {l8 / l4:.2f}x" if l4 and l8 else ""
+        print(f"time to first token: {four} tokens {ttft[four]:.1f} s, {eight} tokens "
+              f"{ttft[eight]:.1f} s ({ttft[eight] / ttft[four]:.2f}x{lratio})")
     s = aphro.get("stall")
     if s:
         print(f"decode ITL while a {s['prompt_tokens']}-token prompt prefills: "

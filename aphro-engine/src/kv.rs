@@ -163,7 +163,7 @@ impl BlockManager {
     /// leading tokens whose K/V are already in the cache. At least one token is always left
     /// to compute, since the step needs the last position's logits.
     pub fn match_prefix(&mut self, seq: &mut SeqBlocks, tokens: &[u32]) -> usize {
-        debug_assert!(seq.is_empty());
+        assert!(seq.is_empty());
         if !self.caching || tokens.is_empty() {
             return 0;
         }
@@ -296,7 +296,7 @@ impl BlockManager {
     pub fn free(&mut self, seq: &mut SeqBlocks) {
         for &b in seq.table.iter().rev() {
             let meta = &mut self.blocks[b as usize];
-            debug_assert!(meta.ref_count > 0, "double free of block {b}");
+            assert!(meta.ref_count > 0, "double free of block {b}");
             meta.ref_count = meta.ref_count.saturating_sub(1);
             if meta.ref_count == 0 {
                 if meta.hash.is_some() {

@@ -38,7 +38,7 @@ pub fn rope(x: &mut [f32], width: usize, heads: usize, cos: &[f32], sin: &[f32])
     }
     let d = width / heads;
     let half = d / 2;
-    debug_assert_eq!(cos.len(), x.len() / width * d);
+    assert_eq!(cos.len(), x.len() / width * d);
     for_rows(x, width, |t, row| {
         let (c, s) = (&cos[t * d..(t + 1) * d], &sin[t * d..(t + 1) * d]);
         for h in row.chunks_exact_mut(d) {

@@ -112,8 +112,7 @@ pub fn paged_attention<T: KvElement>(
         let key = results[at].0;
         let (total, rest) = results[at..].split_first_mut().expect("non-empty");
         let mut n = 1;
-        for (k, _, part) in rest.iter().take_while(|(k, _, _)| *k == key) {
-            debug_assert_eq!(*k, key);
+        for (_, _, part) in rest.iter().take_while(|(k, _, _)| *k == key) {
             total.2.merge(part, d);
             n += 1;
         }

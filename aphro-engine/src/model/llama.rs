@@ -427,7 +427,7 @@ impl<B: EngineOps> Llama<B> {
         let n = idx.len();
         let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [n]), &self.device);
         let logits = self.lm_head.forward(x.select(0, idx));
-        debug_assert_eq!(logits.dims()[1], self.lm_head.rows());
+        assert_eq!(logits.dims()[1], self.lm_head.rows());
         logits
             .into_data()
             .to_vec::<f32>()

@@ -30,8 +30,8 @@ pub struct Q8Row<'a> {
 impl Q8Acts {
     /// Quantize `x: [tokens, cols]` (`cols` a multiple of 32).
     pub fn quantize(x: &[f32], tokens: usize, cols: usize) -> Self {
-        debug_assert_eq!(x.len(), tokens * cols);
-        debug_assert_eq!(cols % 32, 0);
+        assert_eq!(x.len(), tokens * cols);
+        assert_eq!(cols % 32, 0);
         let nb = cols / 32;
         let mut a = Self {
             cols,

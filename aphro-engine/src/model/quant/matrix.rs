@@ -172,7 +172,7 @@ impl QuantMatrix {
     /// Row groups are split across the rayon pool; every output element is computed by the
     /// same arithmetic whatever `tokens` is, so results do not depend on batch composition.
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
-        debug_assert_eq!(x.len(), tokens * self.cols);
+        assert_eq!(x.len(), tokens * self.cols);
         let Ok(p) = Packing::of(self.ty) else {
             // No fused kernel (the 16-bit floats): widen and use f32 dots.
             return self.matmul_dequantizing(x, tokens);
