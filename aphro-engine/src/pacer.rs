@@ -15,6 +15,13 @@
 /// attention costs about a decode step on a small CPU (SmolLM2 at 8k context, two cores),
 /// so any larger floor alone would break the latency the pacer is there to keep.
 pub const MIN_PREFILL_TOKENS: usize = 1;
+/// The first paced chunk, before the per-token cost is known: large enough that its cost
+/// stands out of a step's timing noise (a one-token step's extra time can read as zero).
+pub const MEASURE_TOKENS: usize = 16;
+/// A paced chunk is at most this many times the previous one, so one noisy reading (a
+/// mixed step that happened to run faster than the decode-only probe) cannot turn into a
+/// chunk of the whole budget.
+const MAX_GROWTH: usize = 2;
 /// Mixed steps between two decode-only probes (decode costs drift as contexts grow).
 const PROBE_EVERY: u32 = 64;
 /// Weight of the newest observation in the running averages.
@@ -28,6 +35,8 @@ pub struct PrefillPacer {
     decode_step: Option<(f64, usize)>,
     /// Extra seconds per prefill token on top of the decode-only step.
     prefill_token_s: Option<f64>,
+    /// Prefill tokens of the last mixed step (the growth limit's base).
+    last_chunk: usize,
     mixed_since_probe: u32,
 }
 
@@ -44,6 +53,7 @@ impl PrefillPacer {
             ratio,
             decode_step: None,
             prefill_token_s: None,
+            last_chunk: MEASURE_TOKENS,
             mixed_since_probe: 0,
         }
     }
@@ -67,10 +77,18 @@ impl PrefillPacer {
             return Some(0);
         }
         let Some(per_token) = self.prefill_token_s else {
-            return Some(MIN_PREFILL_TOKENS);
+            return Some(MEASURE_TOKENS);
         };
         let allowed = (self.ratio - 1.0) * base / per_token.max(1e-12);
-        Some((allowed.min(usize::MAX as f64 / 2.0) as usize).max(MIN_PREFILL_TOKENS))
+        let growth = self
+            .last_chunk
+            .max(MEASURE_TOKENS)
+            .saturating_mul(MAX_GROWTH);
+        Some(
+            (allowed.min(usize::MAX as f64 / 2.0) as usize)
+                .min(growth)
+                .max(MIN_PREFILL_TOKENS),
+        )
     }
 
     /// Record a finished step: its decode count, prefill tokens and wall seconds.
@@ -92,6 +110,7 @@ impl PrefillPacer {
         }
         if decodes > 0 {
             self.mixed_since_probe = self.mixed_since_probe.saturating_add(1);
+            self.last_chunk = prefill_tokens;
         }
         // A prefill-only step pays the same weight reads as a decode-only one, so the
         // decode-only time is the fixed part of both.
@@ -120,18 +139,37 @@ mod tests {
         // No decode-only measurement yet: a probe step.
         assert_eq!(p.prefill_cap(1), Some(0));
         p.observe(1, 0, 0.010);
-        // Decode cost known, prefill cost not: the minimum chunk.
-        assert_eq!(p.prefill_cap(1), Some(MIN_PREFILL_TOKENS));
+        // Decode cost known, prefill cost not: a measuring chunk.
+        assert_eq!(p.prefill_cap(1), Some(MEASURE_TOKENS));
         // 16 tokens took 10 ms on top of the 10 ms decode: 0.625 ms per token, so a
         // 10 ms allowance (ratio 2) is 16 tokens.
         p.observe(1, 16, 0.020);
         assert_eq!(p.prefill_cap(1), Some(16));
-        // Cheaper tokens (e.g. a bigger machine): the chunk grows toward the allowance.
+        // Cheaper tokens (5 µs, e.g. a bigger machine): the chunk grows step by step, at
+        // most doubling, toward the 2000-token allowance.
+        let mut caps = Vec::new();
         for _ in 0..40 {
-            p.observe(1, 100, 0.0105);
+            let cap = p.prefill_cap(1).expect("a cap once both costs are known");
+            caps.push(cap);
+            p.observe(1, cap, 0.010 + cap as f64 * 5e-6);
         }
-        let cap = p.prefill_cap(1).expect("a cap once both costs are known");
+        assert!(
+            caps.windows(2)
+                .all(|w| w[1] <= 2 * w[0].max(MEASURE_TOKENS)),
+            "{caps:?}"
+        );
+        let cap = p.prefill_cap(1).expect("a cap");
         assert!((1900..=2100).contains(&cap), "{cap}");
+    }
+
+    /// A mixed step that ran faster than the decode-only probe (timing noise) reads as free
+    /// prefill tokens; the chunk still only doubles.
+    #[test]
+    fn a_noisy_reading_does_not_open_the_whole_budget() {
+        let mut p = PrefillPacer::new(2.0);
+        p.observe(1, 0, 0.010);
+        p.observe(1, 16, 0.009);
+        assert_eq!(p.prefill_cap(1), Some(2 * MEASURE_TOKENS));
     }
 
     #[test]

@@ -122,6 +122,9 @@ struct Scheduled {
     num_tokens: usize,
     logits: LogitsWanted,
     sample: bool,
+    /// Scheduled in the decode pass. A one-token prefill chunk (the pacer's floor) has
+    /// `num_tokens == 1` too, and must not count as a decode when the step is timed.
+    decode: bool,
 }
 
 /// The engine's synchronous state machine.
@@ -406,7 +409,7 @@ impl EngineCore {
         }
     }
 
-    fn plan_seq(&self, seq_id: u64, k: usize) -> Scheduled {
+    fn plan_seq(&self, seq_id: u64, k: usize, decode: bool) -> Scheduled {
         let seq = &self.seqs[&seq_id];
         let sample = seq.num_computed + k == seq.tokens.len();
         let logits = if seq.wants_prompt_logprobs {
@@ -421,6 +424,7 @@ impl EngineCore {
             num_tokens: k,
             logits,
             sample,
+            decode,
         }
     }
 
@@ -462,7 +466,7 @@ impl EngineCore {
                 }
                 if self.allocate_running(seq_id, k, &mut scheduled, &mut budget) {
                     budget -= k;
-                    scheduled.push(self.plan_seq(seq_id, k));
+                    scheduled.push(self.plan_seq(seq_id, k, decode_pass));
                 }
             }
         }
@@ -507,7 +511,7 @@ impl EngineCore {
                     }
                 }
                 budget -= k;
-                scheduled.push(self.plan_seq(seq_id, k));
+                scheduled.push(self.plan_seq(seq_id, k, false));
             }
         }
         scheduled
@@ -597,7 +601,7 @@ impl EngineCore {
             self.process(s, &l.data, mask, &mut outs);
         }
         self.refresh_gauges();
-        let decodes = scheduled.iter().filter(|s| s.num_tokens == 1).count();
+        let decodes = scheduled.iter().filter(|s| s.decode).count();
         self.pacer.observe(
             decodes,
             step_tokens - decodes,

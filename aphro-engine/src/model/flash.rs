@@ -58,10 +58,11 @@ pub fn paged_attention<T: KvElement>(
             }
         }
     }
-    // Few blocks (a decode batch of one or two) would leave threads idle on a long context:
-    // then each block's segments are separate tasks, merged below in order. A query's
-    // arithmetic is the same either way (see the invariant above).
-    let split = blocks.len() < 2 * threads;
+    // Few blocks (a decode or two, perhaps beside a one-row prefill chunk) would leave
+    // threads idle or unbalanced on a long context: then each block's segments are separate
+    // tasks, merged below in order. A query's arithmetic is the same either way (see the
+    // invariant above).
+    let split = blocks.len() < 4 * threads;
     let mut spans = Vec::new();
     for &(si, r0, kv) in &blocks {
         let s = &seqs[si];
