@@ -86,7 +86,7 @@ pub fn paged_attention<T: KvElement>(
     tasks.sort_by_key(|(si, r0, _, _, segs)| {
         std::cmp::Reverse((seqs[*si].start_pos + r0).min(segs.end * SEGMENT))
     });
-    let mut results: Vec<((usize, usize, usize, usize), usize, Partial)> = tasks
+    let mut results: Vec<(BlockKey, usize, Partial)> = tasks
         .into_par_iter()
         .map(|(si, r0, kv, h0, segs)| {
             let s = &seqs[si];
@@ -130,6 +130,9 @@ pub fn paged_attention<T: KvElement>(
     }
     out
 }
+
+/// A task's query block: (sequence, first row, KV head, first query head).
+type BlockKey = (usize, usize, usize, usize);
 
 /// Keys per segment. Softmax state is kept per segment, and segments are merged in order
 /// of position, in every path: so a long context can be split across threads (a decode
@@ -274,7 +277,7 @@ impl QueryBlock<'_> {
         let head = self.kv_head * d;
         // Blocks whose size is a multiple of a key group are read in place; others are
         // gathered into tiles of the same shape first (same arithmetic either way).
-        let in_place = bs % GROUP == 0;
+        let in_place = bs.is_multiple_of(GROUP);
         let zero_keys = vec![T::ZERO; d * GROUP];
         let zero_values = vec![T::ZERO; GROUP * d];
         let (mut kt, mut vt) = if in_place {
@@ -505,7 +508,7 @@ mod tile_products {
             assert!(d == 0 || g.k.len() >= (d - 1) * g.k_stride + GROUP);
         }
         #[cfg(target_arch = "x86_64")]
-        if d % 16 == 0 && crate::model::quant::has_avx2() {
+        if d.is_multiple_of(16) && crate::model::quant::has_avx2() {
             // SAFETY: AVX2 and FMA are present (checked at run time); the lengths asserted
             // above bound every read and write.
             unsafe { avx2::scores(q, groups, scores, count, d) };
@@ -547,7 +550,7 @@ mod tile_products {
             assert!(rows == 0 || kg.v.len() >= (rows - 1) * kg.v_stride + d);
         }
         #[cfg(target_arch = "x86_64")]
-        if d % 16 == 0 && crate::model::quant::has_avx2() {
+        if d.is_multiple_of(16) && crate::model::quant::has_avx2() {
             // SAFETY: as in `scores`.
             unsafe { avx2::weighted_values(p, groups, correction, out, count, d, keys) };
             return;
