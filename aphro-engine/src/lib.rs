@@ -7,6 +7,8 @@ pub mod runner;
 pub mod engine;
 pub mod kobold;
 pub mod kv;
+pub mod kv_events;
+pub mod kv_hash;
 pub mod messages;
 pub mod metrics;
 pub mod openai;

@@ -462,6 +462,7 @@ impl ServingEngine {
                 seed: cfg.seed,
                 long_prefill_token_threshold: cfg.long_prefill_token_threshold,
                 prefill_pacing_ratio: cfg.prefill_pacing_ratio,
+                ..EngineConfig::default()
             },
         )?;
         let (tokenizer, defaults, extra_eos) = match &core_model {
