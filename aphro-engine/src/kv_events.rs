@@ -200,7 +200,7 @@ pub fn now_ts() -> f64 {
 /// (vLLM's `max_queue_size`); when full the batch is dropped and counted.
 #[derive(Debug, Clone)]
 pub struct KvEventSink {
-    tx: std::sync::mpsc::SyncSender<KvEventBatch>,
+    tx: tokio::sync::mpsc::Sender<KvEventBatch>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     rank: i64,
 }
@@ -217,8 +217,8 @@ impl KvEventSink {
     pub fn bounded(
         capacity: usize,
         data_parallel_rank: i64,
-    ) -> (Self, std::sync::mpsc::Receiver<KvEventBatch>) {
-        let (tx, rx) = std::sync::mpsc::sync_channel(capacity.max(1));
+    ) -> (Self, tokio::sync::mpsc::Receiver<KvEventBatch>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
         (
             Self {
                 tx,
@@ -373,7 +373,7 @@ mod tests {
 
     #[test]
     fn a_full_sink_drops_instead_of_blocking() {
-        let (sink, rx) = KvEventSink::bounded(1, 0);
+        let (sink, mut rx) = KvEventSink::bounded(1, 0);
         let batch = KvEventBatch {
             ts: 0.0,
             events: vec![KvEvent::AllBlocksCleared],

@@ -9,6 +9,7 @@ pub mod kobold;
 pub mod kv;
 pub mod kv_events;
 pub mod kv_hash;
+pub mod kv_publisher;
 pub mod messages;
 pub mod metrics;
 pub mod openai;
