@@ -16,6 +16,8 @@ use std::thread::JoinHandle;
 use futures::Stream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::kv::HashAlgo;
+use crate::kv_events::KvEventSink;
 use crate::metrics::MetricsSnapshot;
 use crate::request::{EngineOutput, EngineRequest, ValidationError, ValidationLimits};
 use crate::runner::{ModelInfo, ModelRunner};
@@ -41,6 +43,10 @@ pub struct EngineConfig {
     /// `--prefill-pacing-ratio`: while decodes run, a step's prefill is sized so the step
     /// takes at most this multiple of a decode-only step (`<= 1`: off).
     pub prefill_pacing_ratio: f64,
+    /// `--prefix-caching-hash-algo` (vLLM's default `sha256`).
+    pub prefix_caching_hash_algo: HashAlgo,
+    /// `--kv-events-config`: where the engine's KV-cache events go; `None` = not recorded.
+    pub kv_events: Option<KvEventSink>,
 }
 
 /// Default `--prefill-pacing-ratio`: a stream's inter-token latency at most doubles while a
@@ -58,6 +64,8 @@ impl Default for EngineConfig {
             seed: None,
             long_prefill_token_threshold: 0,
             prefill_pacing_ratio: DEFAULT_PREFILL_PACING_RATIO,
+            prefix_caching_hash_algo: HashAlgo::default(),
+            kv_events: None,
         }
     }
 }
@@ -97,6 +105,8 @@ enum Command {
         request_id: String,
         ticket: Option<u64>,
     },
+    /// Reset the prefix cache; reply whether it was (refused while requests hold blocks).
+    ResetPrefixCache(mpsc::SyncSender<bool>),
     /// Reply with the metrics once every earlier command has been applied.
     Snapshot(mpsc::SyncSender<MetricsSnapshot>),
     Shutdown,
@@ -170,8 +180,12 @@ impl Engine {
             seed,
             long_prefill_token_threshold: config.long_prefill_token_threshold,
             prefill_pacing_ratio: config.prefill_pacing_ratio,
+            prefix_caching_hash_algo: config.prefix_caching_hash_algo,
         };
-        let core = EngineCore::new(runner, sched);
+        let mut core = EngineCore::new(runner, sched);
+        if let Some(sink) = config.kv_events {
+            core.set_kv_event_sink(sink);
+        }
         let limits = core.validation_limits();
         let shared = Arc::new(Shared {
             metrics: Mutex::new(core.metrics().clone()),
@@ -294,6 +308,18 @@ impl Engine {
             }
         }
         self.metrics()
+    }
+
+    /// Drop every cached prefix (vLLM's `/reset_prefix_cache`), after every command sent
+    /// before this call took effect. `false` while requests hold blocks or the engine is dead.
+    pub fn reset_prefix_cache(&self) -> bool {
+        let (tx, rx) = mpsc::sync_channel(1);
+        match self.sender() {
+            Some(cmd) if cmd.send(Command::ResetPrefixCache(tx)).is_ok() => {
+                rx.recv().unwrap_or(false)
+            }
+            _ => false,
+        }
     }
 
     /// False once a runner failure killed the engine (`/health` → 503).
@@ -449,6 +475,9 @@ fn run_loop(mut core: EngineCore, rx: Receiver<Command>, shared: &Shared) {
                 Command::Snapshot(reply) => {
                     let _ = reply.send(core.metrics().clone());
                 }
+                Command::ResetPrefixCache(reply) => {
+                    let _ = reply.send(core.reset_prefix_cache());
+                }
                 Command::Shutdown => {
                     let outs = core.abort_all();
                     route(&core, &mut clients, outs);
@@ -506,6 +535,9 @@ fn die(
                 let _ = tx.send(Err(EngineError::Dead(msg.clone())));
             }
             Command::Abort { .. } => {}
+            Command::ResetPrefixCache(reply) => {
+                let _ = reply.send(false);
+            }
             Command::Snapshot(reply) => {
                 let _ = reply.send(core.metrics().clone());
             }

@@ -7,10 +7,9 @@
 //! with a hash, reusable by a later prefix hit until evicted, oldest first), or free.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
 
-/// Chained hash of a full block: parent block's hash + this block's token ids.
-pub type BlockHash = u64;
+use crate::kv_events::KvEvent;
+pub use crate::kv_hash::{BlockHash, BlockHasher, ExtraKey, HashAlgo};
 
 #[derive(Debug, Clone, Default)]
 struct BlockMeta {
@@ -30,26 +29,27 @@ pub struct SeqBlocks {
     pub table: Vec<u32>,
     /// Leading blocks already registered in (or checked against) the prefix cache.
     hashed: usize,
-    /// Hash of the last block counted in `hashed` (the root while none is).
+    /// Hash of the last block counted in `hashed` (`None` while none is).
     last_hash: Option<BlockHash>,
-    /// Where the chain starts: `None`, or the hash of the request's `cache_salt`.
-    root: Option<BlockHash>,
+    /// The request's `cache_salt`: an extra hash key of the first block only.
+    salt: Option<String>,
+    /// The request's LoRA adapter name: an extra hash key of every block.
+    lora_name: Option<String>,
 }
 
 impl SeqBlocks {
-    /// An empty sequence whose block-hash chain starts from `salt` (vLLM mixes a request's
-    /// `cache_salt` into its first block's hash): blocks are shared only under the same salt.
-    #[allow(deprecated)]
+    /// An empty sequence whose first block's hash includes `salt` (vLLM's `cache_salt`,
+    /// `endpoints.md §4.5`): blocks are shared only under the same salt.
     pub fn salted(salt: Option<&str>) -> Self {
-        let root = salt.map(|s| {
-            let mut h =
-                std::hash::SipHasher::new_with_keys(0x6170_6872_6f73_616c, 0x7473_616c_7473_616c);
-            s.hash(&mut h);
-            h.finish()
-        });
+        Self::with_keys(salt, None)
+    }
+
+    /// An empty sequence with its request's `cache_salt` and LoRA name, the extra keys vLLM
+    /// mixes into block hashes.
+    pub fn with_keys(salt: Option<&str>, lora_name: Option<&str>) -> Self {
         Self {
-            last_hash: root,
-            root,
+            salt: salt.map(str::to_owned),
+            lora_name: lora_name.map(str::to_owned),
             ..Self::default()
         }
     }
@@ -57,6 +57,30 @@ impl SeqBlocks {
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
+
+    /// vLLM's `generate_block_hash_extra_keys` for block `i`: LoRA name, then the salt on the
+    /// first block only; `None` when empty.
+    fn extra_keys(&self, i: usize) -> Option<Vec<ExtraKey>> {
+        let mut keys = Vec::new();
+        if let Some(l) = &self.lora_name {
+            keys.push(ExtraKey::Str(l.clone()));
+        }
+        if i == 0 {
+            if let Some(s) = &self.salt {
+                keys.push(ExtraKey::Str(s.clone()));
+            }
+        }
+        (!keys.is_empty()).then_some(keys)
+    }
+}
+
+/// Blocks one `commit` adds to the cache in a row: one `BlockStored` event.
+#[derive(Default)]
+struct StoredRun {
+    parent: Option<BlockHash>,
+    hashes: Vec<BlockHash>,
+    tokens: Vec<u32>,
+    extra: Vec<Option<Vec<ExtraKey>>>,
 }
 
 /// Not enough free blocks for an allocation; nothing was changed.
@@ -83,20 +107,32 @@ pub struct BlockManager {
     stats: PrefixCacheStats,
     /// Copy-on-write copies the runner must perform before the next step.
     pending_copies: Vec<(u32, u32)>,
-}
-
-fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-    // SipHash with fixed keys: stable within a process, which is all a cache key needs.
-    #[allow(deprecated)]
-    let mut h = std::hash::SipHasher::new_with_keys(0x6170_6872_6f6b_7601, 0x626c_6f63_6b68_6173);
-    parent.hash(&mut h);
-    tokens.hash(&mut h);
-    h.finish()
+    hasher: BlockHasher,
+    /// KV-cache events since the last `take_events`, when events are enabled.
+    events: Option<Vec<KvEvent>>,
 }
 
 impl BlockManager {
+    /// A manager hashing blocks with vLLM's default algorithm and `NONE_HASH` from
+    /// `PYTHONHASHSEED`.
     pub fn new(num_blocks: usize, block_size: usize, enable_prefix_caching: bool) -> Self {
+        Self::with_hasher(
+            num_blocks,
+            block_size,
+            enable_prefix_caching,
+            BlockHasher::from_env(HashAlgo::default()),
+        )
+    }
+
+    pub fn with_hasher(
+        num_blocks: usize,
+        block_size: usize,
+        enable_prefix_caching: bool,
+        hasher: BlockHasher,
+    ) -> Self {
         Self {
+            hasher,
+            events: None,
             block_size,
             blocks: vec![BlockMeta::default(); num_blocks],
             // Pop from the end: hand out low ids first.
@@ -108,6 +144,43 @@ impl BlockManager {
             stats: PrefixCacheStats::default(),
             pending_copies: Vec::new(),
         }
+    }
+
+    /// Record KV-cache events (`endpoints.md §4.3`) from now on; `take_events` drains them.
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events since the last call (empty when events are off).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    /// Drop every cached prefix (vLLM's `reset_prefix_cache`). Refused (`false`) while any
+    /// block is in use, as in vLLM, since running sequences still reference their hashes.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_in_use() > 0 {
+            return false;
+        }
+        for (_, b) in std::mem::take(&mut self.evictable) {
+            let meta = &mut self.blocks[b as usize];
+            meta.hash = None;
+            meta.lru_tick = None;
+            meta.parent = None;
+            meta.tokens.clear();
+            self.free.push(b);
+        }
+        self.cached.clear();
+        // Hand out low ids first again.
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+        if let Some(ev) = &mut self.events {
+            ev.push(KvEvent::AllBlocksCleared);
+        }
+        true
     }
 
     pub fn block_size(&self) -> usize {
@@ -169,10 +242,15 @@ impl BlockManager {
         }
         self.stats.queries += tokens.len() as u64;
         let max_blocks = (tokens.len() - 1) / self.block_size;
-        // The chain's root: `None`, or the request's salt.
         let mut parent = seq.last_hash;
-        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
-            let h = hash_block(parent, chunk);
+        for (i, chunk) in tokens
+            .chunks_exact(self.block_size)
+            .take(max_blocks)
+            .enumerate()
+        {
+            let h = self
+                .hasher
+                .hash_block(parent.as_ref(), chunk, seq.extra_keys(i).as_deref());
             let Some(&b) = self.cached.get(&h) else { break };
             let meta = &self.blocks[b as usize];
             if meta.parent != parent || meta.tokens != chunk {
@@ -209,6 +287,11 @@ impl BlockManager {
                 if let Some(h) = meta.hash.take() {
                     if self.cached.get(&h) == Some(&b) {
                         self.cached.remove(&h);
+                        if let Some(ev) = &mut self.events {
+                            ev.push(KvEvent::BlockRemoved {
+                                block_hashes: vec![h],
+                            });
+                        }
                     }
                 }
                 meta.lru_tick = None;
@@ -265,10 +348,16 @@ impl BlockManager {
             return;
         }
         let full = (num_computed.min(tokens.len()) / self.block_size).min(seq.table.len());
+        // One BlockStored per run of blocks this call adds to the cache, as vLLM's
+        // `cache_full_blocks` reports them (`endpoints.md §4.3`).
+        let mut run: Option<StoredRun> = None;
         while seq.hashed < full {
             let i = seq.hashed;
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
-            let h = hash_block(seq.last_hash, chunk);
+            let extra = seq.extra_keys(i);
+            let h = self
+                .hasher
+                .hash_block(seq.last_hash.as_ref(), chunk, extra.as_deref());
             let b = seq.table[i];
             if !self.cached.contains_key(&h) && self.blocks[b as usize].hash.is_none() {
                 let meta = &mut self.blocks[b as usize];
@@ -277,10 +366,38 @@ impl BlockManager {
                 meta.tokens.clear();
                 meta.tokens.extend_from_slice(chunk);
                 self.cached.insert(h, b);
+                if self.events.is_some() {
+                    let r = run.get_or_insert_with(|| StoredRun {
+                        parent: seq.last_hash,
+                        ..StoredRun::default()
+                    });
+                    r.hashes.push(h);
+                    r.tokens.extend_from_slice(chunk);
+                    r.extra.push(extra);
+                }
+            } else if let Some(r) = run.take() {
+                // Otherwise an identical block was computed concurrently: ours stays
+                // private, and the run of newly stored blocks ends here.
+                self.push_stored(r, seq);
             }
-            // Otherwise an identical block was computed concurrently: ours stays private.
             seq.last_hash = Some(h);
             seq.hashed += 1;
+        }
+        if let Some(r) = run {
+            self.push_stored(r, seq);
+        }
+    }
+
+    fn push_stored(&mut self, r: StoredRun, seq: &SeqBlocks) {
+        if let Some(ev) = &mut self.events {
+            ev.push(KvEvent::BlockStored {
+                block_hashes: r.hashes,
+                parent_block_hash: r.parent,
+                token_ids: r.tokens,
+                block_size: self.block_size,
+                lora_name: seq.lora_name.clone(),
+                extra_keys: r.extra,
+            });
         }
     }
 
@@ -308,10 +425,10 @@ impl BlockManager {
                 }
             }
         }
-        // A preempted sequence is computed again under its own salt.
+        // A preempted sequence is computed again under its own salt and LoRA.
         *seq = SeqBlocks {
-            last_hash: seq.root,
-            root: seq.root,
+            salt: seq.salt.take(),
+            lora_name: seq.lora_name.take(),
             ..SeqBlocks::default()
         };
     }
@@ -425,5 +542,119 @@ mod tests {
         m.free(&mut a);
         m.free(&mut b);
         assert_eq!(m.num_in_use(), 0);
+    }
+
+    fn events_manager(blocks: usize, bs: usize) -> BlockManager {
+        let mut m = BlockManager::with_hasher(
+            blocks,
+            bs,
+            true,
+            BlockHasher::new(HashAlgo::Sha256Cbor, Some("0")),
+        );
+        m.enable_events();
+        m
+    }
+
+    #[test]
+    fn events_report_stores_evictions_and_resets_with_the_cache_hashes() {
+        let mut m = events_manager(3, 16);
+        let h = BlockHasher::new(HashAlgo::Sha256Cbor, Some("0"));
+        let toks: Vec<u32> = (1..=40).collect();
+        let mut a = SeqBlocks::default();
+        m.allocate(&mut a, 0, 40).expect("room");
+        // Prefill in two chunks: block 0, then block 1 with block 0 as its parent.
+        m.commit(&mut a, &toks, 20);
+        m.commit(&mut a, &toks, 40);
+        let b0 = h.hash_block(None, &toks[..16], None);
+        let b1 = h.hash_block(Some(&b0), &toks[16..32], None);
+        assert_eq!(
+            m.take_events(),
+            vec![
+                KvEvent::BlockStored {
+                    block_hashes: vec![b0],
+                    parent_block_hash: None,
+                    token_ids: toks[..16].to_vec(),
+                    block_size: 16,
+                    lora_name: None,
+                    extra_keys: vec![None],
+                },
+                KvEvent::BlockStored {
+                    block_hashes: vec![b1],
+                    parent_block_hash: Some(b0),
+                    token_ids: toks[16..32].to_vec(),
+                    block_size: 16,
+                    lora_name: None,
+                    extra_keys: vec![None],
+                },
+            ]
+        );
+        // The vLLM test vectors: the event hashes are the cache's own keys.
+        assert_eq!(crate::kv_hash::hash_to_u64(&b0), 3236607068019569386);
+        assert_eq!(crate::kv_hash::hash_to_u64(&b1), 2758186210834249151);
+        assert!(m.cached.contains_key(&b0) && m.cached.contains_key(&b1));
+        // A hit stores nothing new.
+        m.free(&mut a);
+        let mut b = SeqBlocks::default();
+        assert_eq!(m.match_prefix(&mut b, &toks), 32);
+        m.commit(&mut b, &toks, 32);
+        assert!(m.take_events().is_empty());
+        m.free(&mut b);
+        // A reset is refused while blocks are in use, and reported once done.
+        let mut c = SeqBlocks::default();
+        m.allocate(&mut c, 0, 1).expect("room");
+        assert!(!m.reset_prefix_cache());
+        m.free(&mut c);
+        // Needing all three blocks evicts the two cached ones, oldest (tail-first) first.
+        let mut d = SeqBlocks::default();
+        m.allocate(&mut d, 0, 48).expect("room");
+        assert_eq!(
+            m.take_events(),
+            vec![
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![b1]
+                },
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![b0]
+                },
+            ]
+        );
+        m.free(&mut d);
+        assert!(m.reset_prefix_cache());
+        assert_eq!(m.take_events(), vec![KvEvent::AllBlocksCleared]);
+        assert_eq!(m.num_available(), 3);
+    }
+
+    #[test]
+    fn salt_and_lora_are_extra_keys_of_the_hash_and_the_event() {
+        let mut m = events_manager(4, 4);
+        let h = BlockHasher::new(HashAlgo::Sha256Cbor, Some("0"));
+        let toks: Vec<u32> = (0..9).collect();
+        let mut s = SeqBlocks::with_keys(Some("salt"), Some("my-lora"));
+        m.allocate(&mut s, 0, 9).expect("room");
+        m.commit(&mut s, &toks, 9);
+        let k0 = vec![
+            ExtraKey::Str("my-lora".into()),
+            ExtraKey::Str("salt".into()),
+        ];
+        let k1 = vec![ExtraKey::Str("my-lora".into())];
+        let b0 = h.hash_block(None, &toks[..4], Some(&k0));
+        let b1 = h.hash_block(Some(&b0), &toks[4..8], Some(&k1));
+        assert_eq!(
+            m.take_events(),
+            vec![KvEvent::BlockStored {
+                block_hashes: vec![b0, b1],
+                parent_block_hash: None,
+                token_ids: toks[..8].to_vec(),
+                block_size: 4,
+                lora_name: Some("my-lora".into()),
+                extra_keys: vec![Some(k0), Some(k1)],
+            }]
+        );
+        // Without events enabled nothing is recorded.
+        let mut quiet = BlockManager::new(4, 4, true);
+        let mut q = SeqBlocks::default();
+        quiet.allocate(&mut q, 0, 9).expect("room");
+        quiet.commit(&mut q, &toks, 9);
+        assert!(quiet.take_events().is_empty());
     }
 }

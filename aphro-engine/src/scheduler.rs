@@ -25,7 +25,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::kv::{BlockManager, SeqBlocks};
+use crate::kv::{BlockHasher, BlockManager, HashAlgo, SeqBlocks};
+use crate::kv_events::{now_ts, KvEventBatch, KvEventSink};
 use crate::metrics::MetricsSnapshot;
 use crate::pacer::PrefillPacer;
 use crate::request::{
@@ -54,6 +55,8 @@ pub struct SchedulerConfig {
     /// takes at most this multiple of a decode-only step; `<= 1` turns pacing off (prefill
     /// chunks then fill the budget, and steps' lengths depend on nothing but the load).
     pub prefill_pacing_ratio: f64,
+    /// `--prefix-caching-hash-algo`: how prefix-cache block hashes are computed (vLLM's).
+    pub prefix_caching_hash_algo: HashAlgo,
 }
 
 /// Why `add_request` refused a request.
@@ -146,15 +149,18 @@ pub struct EngineCore {
     lp_order: Vec<u32>,
     metrics: MetricsSnapshot,
     pacer: PrefillPacer,
+    /// Where each step's KV-cache events go (`--kv-events-config`).
+    kv_events: Option<KvEventSink>,
 }
 
 impl EngineCore {
     pub fn new(runner: Box<dyn ModelRunner>, cfg: SchedulerConfig) -> Self {
         let info = runner.info().clone();
-        let kv = BlockManager::new(
+        let kv = BlockManager::with_hasher(
             runner.num_blocks(),
             runner.block_size(),
             cfg.enable_prefix_caching,
+            BlockHasher::from_env(cfg.prefix_caching_hash_algo),
         );
         let mut metrics = MetricsSnapshot {
             kv_blocks_total: kv.num_blocks(),
@@ -179,6 +185,36 @@ impl EngineCore {
             lp_order: Vec::new(),
             metrics,
             pacer: PrefillPacer::new(cfg_ratio),
+            kv_events: None,
+        }
+    }
+
+    /// Send this engine's KV-cache events (`endpoints.md §4.3`), one batch per step that
+    /// changed the prefix cache, to `sink`.
+    pub fn set_kv_event_sink(&mut self, sink: KvEventSink) {
+        self.kv.enable_events();
+        self.kv_events = Some(sink);
+    }
+
+    /// Drop every cached prefix (vLLM's `reset_prefix_cache`); `false` while requests hold
+    /// blocks. Reported as `AllBlocksCleared`.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let ok = self.kv.reset_prefix_cache();
+        self.flush_kv_events();
+        ok
+    }
+
+    /// Hand the events recorded since the last flush to the sink as one batch.
+    fn flush_kv_events(&mut self) {
+        if let Some(sink) = &self.kv_events {
+            let events = self.kv.take_events();
+            if !events.is_empty() {
+                sink.send(KvEventBatch {
+                    ts: now_ts(),
+                    events,
+                    data_parallel_rank: Some(sink.data_parallel_rank()),
+                });
+            }
         }
     }
 
@@ -528,6 +564,13 @@ impl EngineCore {
     /// Run one step: schedule, execute, sample. Returns this step's outputs (one per choice
     /// that produced a token or finished). A runner error is fatal for the engine.
     pub fn step(&mut self) -> Result<Vec<EngineOutput>, RunnerError> {
+        let outs = self.step_inner();
+        // One KVEventBatch per step, as vLLM's scheduler publishes them.
+        self.flush_kv_events();
+        outs
+    }
+
+    fn step_inner(&mut self) -> Result<Vec<EngineOutput>, RunnerError> {
         let started = Instant::now();
         let scheduled = self.schedule();
         if scheduled.is_empty() {

@@ -55,6 +55,7 @@ impl Setup {
             long_prefill_token_threshold: 0,
             // Step lengths here follow the token budget alone (no wall-clock pacing).
             prefill_pacing_ratio: 0.0,
+            prefix_caching_hash_algo: Default::default(),
         };
         configure(&mut cfg);
         EngineCore::new(Box::new(runner), cfg)

@@ -94,6 +94,10 @@ pub struct ServingConfig {
     pub generation_config: aphro_core::model::GenerationConfig,
     /// `--override-generation-config`: keys laid over those defaults.
     pub override_generation_config: Map<String, Value>,
+    /// `--prefix-caching-hash-algo` (`endpoints.md §4.5`).
+    pub prefix_caching_hash_algo: crate::kv::HashAlgo,
+    /// `--kv-events-config` (`endpoints.md §4.1`); `None`: no KV events.
+    pub kv_events_config: Option<crate::kv_publisher::KvEventsConfig>,
 }
 
 /// vLLM's `--max-model-len`: how long a sequence the server accepts.
@@ -196,6 +200,8 @@ impl Default for ServingConfig {
             limits: aphro_core::RequestLimits::default(),
             generation_config: aphro_core::model::GenerationConfig::Auto,
             override_generation_config: Map::new(),
+            prefix_caching_hash_algo: e.prefix_caching_hash_algo,
+            kv_events_config: None,
         }
     }
 }
@@ -324,6 +330,9 @@ pub struct ServingEngine {
     /// Structured outputs: built on the first constrained request (a token trie over the
     /// whole vocabulary costs tens of milliseconds; servers that never see one skip it).
     grammar_compiler: std::sync::OnceLock<Result<Arc<GrammarCompiler>, String>>,
+    /// Publishes the engine's KV-cache events (`--kv-events-config`); declared after
+    /// `engine` so the engine's last batches are queued before the publisher stops.
+    _kv_publisher: Option<crate::kv_publisher::KvEventPublisher>,
 }
 
 type InFlight = Mutex<HashMap<String, Vec<String>>>;
@@ -455,6 +464,20 @@ impl ServingEngine {
             Err(_) => None,
         };
         let runner_eos = runner.info().eos_token_ids.clone();
+        let (kv_publisher, kv_events) = match &cfg.kv_events_config {
+            Some(kc) if kc.publishes() => {
+                if !cfg.enable_prefix_caching {
+                    tracing::warn!(
+                        "KV cache events are enabled but prefix caching is not: no blocks are \
+                         cached, so only resets are reported"
+                    );
+                }
+                let (p, sink) = crate::kv_publisher::KvEventPublisher::start(kc, 0)
+                    .map_err(ServingError::Load)?;
+                (Some(p), Some(sink))
+            }
+            _ => (None, None),
+        };
         let engine = Engine::new(
             runner,
             EngineConfig {
@@ -466,6 +489,8 @@ impl ServingEngine {
                 seed: cfg.seed,
                 long_prefill_token_threshold: cfg.long_prefill_token_threshold,
                 prefill_pacing_ratio: cfg.prefill_pacing_ratio,
+                prefix_caching_hash_algo: cfg.prefix_caching_hash_algo,
+                kv_events,
             },
         )?;
         let (tokenizer, defaults, extra_eos) = match &core_model {
@@ -498,6 +523,7 @@ impl ServingEngine {
             in_flight: Arc::default(),
             next_serial: Default::default(),
             grammar_compiler: std::sync::OnceLock::new(),
+            _kv_publisher: kv_publisher,
         })
     }
 

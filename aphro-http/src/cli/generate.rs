@@ -101,6 +101,16 @@ pub struct EngineArgs {
     /// `fcfs` (the default) a non-zero `priority` is refused with a 400.
     #[arg(long, default_value = "fcfs")]
     pub scheduling_policy: aphro_engine::serving::SchedulingPolicy,
+    /// How prefix-cache block hashes are computed, as vLLM does: `sha256` (pickle, vLLM's
+    /// default) or `sha256_cbor` (portable). `NONE_HASH` comes from `PYTHONHASHSEED`.
+    #[arg(long, default_value = "sha256")]
+    pub prefix_caching_hash_algo: aphro_engine::kv::HashAlgo,
+    /// vLLM's KV-cache events config as JSON, e.g. `{"enable_kv_cache_events":true,
+    /// "publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558",
+    /// "topic":"kv@pod@model"}`.
+    #[arg(long)]
+    /// (Parsed at start-up into `KvEventsConfig`; an invalid one is a start-up error.)
+    pub kv_events_config: Option<String>,
 }
 
 impl EngineArgs {
@@ -162,6 +172,13 @@ impl EngineArgs {
             max_model_len: self.max_model_len.unwrap_or_default(),
             seed: self.seed,
             scheduling_policy: self.scheduling_policy,
+            prefix_caching_hash_algo: self.prefix_caching_hash_algo,
+            kv_events_config: self
+                .kv_events_config
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(anyhow::Error::msg)?,
             ..ServingConfig::default()
         })
     }
