@@ -5,13 +5,15 @@
 //! Submodules: [`chat`] (chat-completions request, messages, tools), [`completion`],
 //! [`sampling`] (`SamplingParams` with vLLM's validation and "omit defaults" dump),
 //! [`generate`] (`GenerateRequest`, `ParseContext`, `StreamOptions`), [`tokenize`] (§9),
-//! [`response`] (generate / chat / completion responses, §4.2, §8), [`derender`] (§6, §7).
+//! [`response`] (generate / chat / completion responses, §4.2, §8), [`derender`] (§6, §7),
+//! [`embeddings`] (`/v1/embeddings`).
 //!
 //! Every type derives [`utoipa::ToSchema`] beside its serde impls, so the servers' OpenAPI
 //! documents describe exactly these shapes; [`schema`] holds the few schemas written by hand.
 pub mod chat;
 pub mod completion;
 pub mod derender;
+pub mod embeddings;
 pub mod error;
 pub mod generate;
 pub mod response;
@@ -22,6 +24,7 @@ pub mod tokenize;
 pub use chat::*;
 pub use completion::*;
 pub use derender::*;
+pub use embeddings::*;
 pub use error::*;
 pub use generate::*;
 pub use response::*;

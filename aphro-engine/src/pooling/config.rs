@@ -261,6 +261,27 @@ impl PoolingModelConfig {
     }
 }
 
+/// Whether vLLM's `--runner auto` runs the model at `dir` as a pooling model: a folder with
+/// sentence-transformers' `modules.json`, or whose `config.json` names a BERT pooling
+/// architecture (`BertModel`, `BertForSequenceClassification`).
+pub fn is_pooling_model(dir: &Path) -> bool {
+    if !dir.is_dir() {
+        return false;
+    }
+    if dir.join("modules.json").is_file() {
+        return true;
+    }
+    let Ok(Some(config)) = read_json(&dir.join("config.json")) else {
+        return false;
+    };
+    config
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .is_some_and(|a| matches!(a, "BertModel" | "BertForSequenceClassification"))
+}
+
 /// `id2label` ordered by id (`num_labels` `LABEL_i` when absent, as transformers defaults).
 fn labels_of(config: &Value) -> Vec<String> {
     if let Some(map) = config.get("id2label").and_then(Value::as_object) {

@@ -18,7 +18,10 @@ pub mod config;
 pub mod embedder;
 
 pub use bert::{BertEncoder, EncoderInput};
-pub use config::{BertConfig, ClassifierActivation, PoolingModelConfig, PoolingTask, PoolingType};
+pub use config::{
+    is_pooling_model, BertConfig, ClassifierActivation, PoolingModelConfig, PoolingTask,
+    PoolingType,
+};
 pub use embedder::{
     Classification, EmbedInput, EmbedOptions, Embedder, Embedding, RerankOutput, RerankResult,
     ScoreOptions, ScoreOutput, TruncationSide,

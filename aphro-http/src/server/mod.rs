@@ -17,6 +17,7 @@ pub mod engine;
 pub mod kobold;
 pub mod openai;
 pub mod openapi;
+pub mod pooling;
 pub mod render;
 
 use crate::auth::{require_api_key, ApiKeys};
@@ -40,6 +41,8 @@ pub enum Role {
     TokensOnly,
     /// Everything: the OpenAI API plus render, derender and generate.
     Full,
+    /// A pooling model (`--runner pooling`): `/v1/embeddings` plus the common routes.
+    Pooling,
 }
 
 /// Settings shared by every role.
@@ -102,6 +105,8 @@ pub struct AppState {
     pub cpu: Arc<CpuGate>,
     /// The Kobold routes' running generations (with `--launch-kobold-api`).
     pub kobold: Option<Arc<aphro_engine::kobold::KoboldServing>>,
+    /// The pooling model of `Role::Pooling`.
+    pub embedder: Option<Arc<aphro_engine::pooling::Embedder>>,
 }
 
 /// Runs CPU-bound request work (render, tokenize, derender) at most one job per core at a
@@ -193,6 +198,11 @@ impl AppState {
         self
     }
 
+    pub fn with_embedder(mut self, embedder: Arc<aphro_engine::pooling::Embedder>) -> Self {
+        self.embedder = Some(embedder);
+        self
+    }
+
     /// Serves the Kobold routes over this state's renderer, derenderer and engine (the
     /// router mounts them when `settings.launch_kobold_api` is set). A no-op on a role
     /// without all three.
@@ -220,6 +230,7 @@ impl AppState {
             engine: None,
             cpu: Arc::new(CpuGate::per_core()),
             kobold: None,
+            embedder: None,
         }
     }
 
@@ -251,6 +262,7 @@ fn role_routes(
     match role {
         Role::Render => app = app.merge(render::routes()).merge(anthropic::count_routes()),
         Role::TokensOnly => app = app.merge(engine::routes(true)),
+        Role::Pooling => app = app.merge(pooling::routes()),
         Role::Full => {
             app = app
                 .merge(render::utility_routes())
