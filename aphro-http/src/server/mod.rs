@@ -41,7 +41,8 @@ pub enum Role {
     TokensOnly,
     /// Everything: the OpenAI API plus render, derender and generate.
     Full,
-    /// A pooling model (`--runner pooling`): `/v1/embeddings` plus the common routes.
+    /// A pooling model (`--runner pooling`): the pooling routes its task allows (see
+    /// [`pooling::PoolingRoutes`]) plus the common routes.
     Pooling,
 }
 
@@ -257,12 +258,13 @@ fn role_routes(
     role: Role,
     scale_out: bool,
     kobold: bool,
+    pooling_routes: pooling::PoolingRoutes,
 ) -> utoipa_axum::router::OpenApiRouter<AppState> {
     let mut app = common::routes();
     match role {
         Role::Render => app = app.merge(render::routes()).merge(anthropic::count_routes()),
         Role::TokensOnly => app = app.merge(engine::routes(true)),
-        Role::Pooling => app = app.merge(pooling::routes()),
+        Role::Pooling => app = app.merge(pooling::routes(pooling_routes)),
         Role::Full => {
             app = app
                 .merge(render::utility_routes())
@@ -318,9 +320,14 @@ pub fn openapi_document_with(
     kobold: bool,
 ) -> utoipa::openapi::OpenApi {
     openapi::finish(
-        role_routes(role, enable_scale_out, kobold)
-            .split_for_parts()
-            .1,
+        role_routes(
+            role,
+            enable_scale_out,
+            kobold,
+            pooling::PoolingRoutes::default(),
+        )
+        .split_for_parts()
+        .1,
     )
 }
 
@@ -338,7 +345,13 @@ pub fn router_with(state: AppState, docs: bool) -> Router {
     let keys = ApiKeys::new(state.settings.api_keys.clone());
     let scale_out = state.settings.enable_scale_out;
     let kobold = state.settings.launch_kobold_api;
-    let (mut app, doc) = role_routes(state.settings.role, scale_out, kobold).split_for_parts();
+    let pooling_routes = state
+        .embedder
+        .as_deref()
+        .map(pooling::PoolingRoutes::for_model)
+        .unwrap_or_default();
+    let (mut app, doc) =
+        role_routes(state.settings.role, scale_out, kobold, pooling_routes).split_for_parts();
     if state.settings.role == Role::Full && !scale_out {
         app = scale_out_disabled(app);
     }
