@@ -257,6 +257,69 @@ fn batched_embeddings_match_single_ones() {
     }
 }
 
+/// Concurrent calls (one text each, from many threads at once) are batched into shared
+/// forward passes and each still gets its own golden vector, within the tolerance of a
+/// single call; a call mixed with an over-long input fails alone.
+#[test]
+fn concurrent_calls_are_batched_and_equal_single_ones() {
+    // Its own instance: the other tests share `minilm()` and would count in its stats.
+    let own = Embedder::load(&minilm_dir()).expect("MiniLM loads");
+    let m = &own;
+    let cases = jsonl("embeddings.jsonl");
+    let plain: Vec<&Value> = cases
+        .iter()
+        .filter(|c| c["request"].is_null() || c["request"] == serde_json::json!({}))
+        .filter(|c| c["vllm"]["status"] == 200)
+        .take(32)
+        .collect();
+    assert!(plain.len() >= 24);
+    let before = m.batch_stats();
+    let barrier = std::sync::Barrier::new(plain.len() + 1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = plain
+            .iter()
+            .map(|case| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let out = m
+                        .embed(&[input_of(case)], &EmbedOptions::default())
+                        .expect("embeds");
+                    (case, out)
+                })
+            })
+            .collect();
+        // One over-long input among them: refused before it reaches the queue.
+        let long = cases
+            .iter()
+            .find(|c| c["id"] == "long-paragraph")
+            .expect("case");
+        barrier.wait();
+        assert!(m
+            .embed(&[input_of(long)], &EmbedOptions::default())
+            .is_err());
+        for h in handles {
+            let (case, out) = h.join().expect("thread");
+            let id = case["id"].as_str().expect("id");
+            assert_eq!(out[0].token_ids, ids(&case["token_ids"]), "{id}");
+            let abs = max_abs(&out[0].embedding, &floats(&case["embedding"]));
+            assert!(
+                abs <= EMBED_ABS_TOL,
+                "{id}: concurrent max abs diff {abs:e}"
+            );
+        }
+    });
+    let after = m.batch_stats();
+    let calls = after.calls - before.calls;
+    let forwards = after.forwards - before.forwards;
+    assert_eq!(calls, plain.len() as u64);
+    // The first forward runs one call while the others queue behind it: they share later ones.
+    assert!(
+        forwards >= 1 && forwards < calls,
+        "{forwards} forwards for {calls} calls"
+    );
+}
+
 /// vLLM's refusals of over-long input carry its message; `-1` truncates instead.
 #[test]
 fn over_long_input_is_refused_with_vllm_message() {

@@ -812,3 +812,44 @@ fn generative_server_has_no_pooling_routes() {
         }
     });
 }
+
+/// 32 concurrent `/v1/embeddings` requests (one text each) are served through the engine's
+/// batcher and answer the same vectors as the same texts sent one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_equal_single_ones() {
+    let path = testdata("embeddings.jsonl");
+    let cases: Vec<Value> = std::fs::read_to_string(path)
+        .expect("goldens")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .filter(|c: &Value| c["input"].is_string() && c["vllm"]["status"] == 200)
+        .take(32)
+        .collect();
+    assert!(cases.len() >= 24);
+    let mut single = Vec::new();
+    for c in &cases {
+        let (status, v) = call("POST", "/v1/embeddings", Some(json!({"input": c["input"]}))).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        single.push(floats(&v["data"][0]["embedding"]));
+    }
+    let tasks: Vec<_> = cases
+        .iter()
+        .map(|c| {
+            let body = json!({"input": c["input"]});
+            tokio::spawn(async move { call("POST", "/v1/embeddings", Some(body)).await })
+        })
+        .collect();
+    for ((task, c), one) in tasks.into_iter().zip(&cases).zip(&single) {
+        let (status, v) = task.await.expect("task");
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let got = floats(&v["data"][0]["embedding"]);
+        let diff = max_abs(&got, one);
+        assert!(diff <= 1e-6, "{}: concurrent vs single {diff:e}", c["id"]);
+        assert!(
+            max_abs(&got, &floats(&c["embedding"])) <= 1e-5,
+            "{}",
+            c["id"]
+        );
+        assert_eq!(v["usage"]["prompt_tokens"], c["n_tokens"]);
+    }
+}

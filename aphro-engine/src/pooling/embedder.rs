@@ -11,6 +11,7 @@ use tokenizers::utils::truncation::{
 };
 use tokenizers::{Encoding, PostProcessor};
 
+use super::batcher::{BatchStats, Batcher, DEFAULT_TOKEN_BUDGET};
 use super::bert::{BertEncoder, EncoderInput, HiddenStates};
 use super::config::{ClassifierActivation, PoolingModelConfig, PoolingTask, PoolingType};
 use super::PoolingError;
@@ -123,6 +124,8 @@ pub struct Embedder<B: Backend = Flex> {
     tokenizer: aphro_core::Tokenizer,
     config: PoolingModelConfig,
     served_name: String,
+    /// Concurrent calls share forward passes (see [`super::batcher`]).
+    batcher: Batcher,
 }
 
 impl Embedder<Flex> {
@@ -150,6 +153,7 @@ impl<B: Backend> Embedder<B> {
             tokenizer,
             config,
             served_name: dir.display().to_string(),
+            batcher: Batcher::new(DEFAULT_TOKEN_BUDGET),
         })
     }
 
@@ -158,6 +162,12 @@ impl<B: Backend> Embedder<B> {
     pub fn with_served_name(mut self, name: impl Into<String>) -> Self {
         self.served_name = name.into();
         self
+    }
+
+    /// Calls submitted so far and the batched forward passes that served them: under
+    /// concurrency there are fewer forwards than calls.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batcher.stats()
     }
 
     pub fn config(&self) -> &PoolingModelConfig {
@@ -499,8 +509,14 @@ impl<B: Backend> Embedder<B> {
             .collect())
     }
 
-    /// Forward `seqs` in batches of similar length; hidden states in input order.
+    /// The hidden states of `seqs`, computed together with the other calls running at the
+    /// same time (dynamic batching).
     fn run(&self, seqs: Vec<EncoderInput>) -> Result<HiddenStates, PoolingError> {
+        self.batcher.submit(seqs, |all| self.forward_sorted(all))
+    }
+
+    /// Forward `seqs` in batches of similar length; hidden states in input order.
+    fn forward_sorted(&self, seqs: Vec<EncoderInput>) -> Result<HiddenStates, PoolingError> {
         let mut order: Vec<usize> = (0..seqs.len()).collect();
         order.sort_by_key(|&i| seqs[i].token_ids.len());
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];

@@ -11,12 +11,17 @@
 //!   `tokenizer.json` switched off, as transformers does), vLLM's length and truncation rules,
 //!   pooling, Matryoshka `dimensions`, normalization, cosine and cross-encoder scores.
 //!
-//! A pooling request is one forward pass: no KV cache, no scheduler.
+//! * [`batcher`]: dynamic batching — concurrent calls share one forward pass, up to a token
+//!   budget.
+//!
+//! A pooling request is one forward pass: no KV cache.
 
+pub mod batcher;
 pub mod bert;
 pub mod config;
 pub mod embedder;
 
+pub use batcher::BatchStats;
 pub use bert::{BertEncoder, EncoderInput};
 pub use config::{
     is_pooling_model, BertConfig, ClassifierActivation, PoolingModelConfig, PoolingTask,

@@ -188,11 +188,7 @@ async fn embeddings(
         dimensions: req.dimensions,
         use_activation: req.use_activation,
     };
-    // A forward pass is CPU-heavy: always on the blocking pool, never on an async worker.
-    let out = state
-        .cpu
-        .run(None, move || embedder.embed(&inputs, &opts))
-        .await?;
+    let out = blocking(move || embedder.embed(&inputs, &opts)).await?;
     let prompt_tokens: usize = out.iter().map(|e| e.prompt_tokens).sum();
     let data = out
         .into_iter()
@@ -222,6 +218,18 @@ async fn embeddings(
         usage: PoolingUsage::prompt(prompt_tokens as u64),
     };
     Ok(json_response(StatusCode::OK, &resp))
+}
+
+/// Runs a pooling call on the blocking pool. Not behind the server's per-core gate: concurrent
+/// calls must reach the Embedder together, whose batcher runs them in shared forward passes
+/// (one at a time), so throughput grows with concurrency.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, PoolingError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from)
 }
 
 fn side(s: Option<TruncationSideParam>) -> Option<TruncationSide> {
@@ -375,9 +383,7 @@ async fn cohere_embed(
         CohereTruncate::None => req.max_tokens,
         _ => None,
     };
-    let out = tokio::task::spawn_blocking(move || embedder.embed(&inputs, &opts))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let out = blocking(move || embedder.embed(&inputs, &opts)).await?;
     if let Some(m) = max_tokens {
         if let Some(n) = out.iter().map(|e| e.prompt_tokens).find(|&n| n as i64 > m) {
             return Err(ApiError::bad_request(format!(
@@ -469,7 +475,7 @@ async fn pooling(
     let inputs = embed_inputs(req.input);
     let truncation_side = side(req.truncation_side);
     let (truncate_prompt_tokens, use_activation) = (req.truncate_prompt_tokens, req.use_activation);
-    let out: Vec<(Vec<f32>, usize)> = tokio::task::spawn_blocking(move || {
+    let out: Vec<(Vec<f32>, usize)> = blocking(move || {
         if embedder.config().task == PoolingTask::Embed {
             let opts = EmbedOptions {
                 truncate_prompt_tokens,
@@ -493,8 +499,7 @@ async fn pooling(
                 .map(|v| v.into_iter().map(|c| (c.probs, c.prompt_tokens)).collect())
         }
     })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))??;
+    .await?;
     let prompt_tokens: usize = out.iter().map(|(_, n)| n).sum();
     let resp = PoolingResponse {
         id: response_id(&headers, "pooling"),
@@ -538,9 +543,7 @@ async fn classify(
         truncation_side: side(req.truncation_side),
         use_activation: req.use_activation,
     };
-    let out = tokio::task::spawn_blocking(move || embedder.classify(&inputs, &opts))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let out = blocking(move || embedder.classify(&inputs, &opts)).await?;
     let prompt_tokens: usize = out.iter().map(|c| c.prompt_tokens).sum();
     let resp = ClassificationResponse {
         id: response_id(&headers, "classify"),
@@ -581,9 +584,7 @@ async fn score_impl(
         truncation_side: side(req.truncation_side),
         use_activation: req.use_activation,
     };
-    let out = tokio::task::spawn_blocking(move || embedder.score(&queries, &documents, &opts))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let out = blocking(move || embedder.score(&queries, &documents, &opts)).await?;
     let resp = ScoreResponse {
         id: response_id(&headers, "score"),
         object: "list".into(),
@@ -661,9 +662,7 @@ async fn rerank_impl(
     let top_n = req.top_n as usize;
     let query = req.query;
     let docs = documents.clone();
-    let out = tokio::task::spawn_blocking(move || embedder.rerank(&query, &docs, top_n, &opts))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let out = blocking(move || embedder.rerank(&query, &docs, top_n, &opts)).await?;
     let resp = RerankResponse {
         id: response_id(&headers, "score"),
         model,
