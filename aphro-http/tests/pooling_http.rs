@@ -853,3 +853,55 @@ async fn concurrent_requests_equal_single_ones() {
         assert_eq!(v["usage"]["prompt_tokens"], c["n_tokens"]);
     }
 }
+
+/// `aphro embed --model DIR --jsonl`: one `/v1/embeddings` response per line, the golden
+/// vector, and vLLM's error body (non-zero exit) for an over-long line.
+#[test]
+fn embed_cli_jsonl() {
+    use std::io::Write;
+    let hello = golden("hello-world");
+    let long = golden("long-paragraph");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_aphro"))
+        .args([
+            "embed",
+            "--jsonl",
+            "--served-model-name",
+            "minilm",
+            "--model",
+        ])
+        .arg(minilm_dir())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("aphro embed runs");
+    let input = format!(
+        "{}\n{}\n",
+        json!({"input": [hello["input"]]}),
+        json!({"input": long["input"]})
+    );
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("output");
+    assert!(
+        !out.status.success(),
+        "a failed line makes the exit non-zero"
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["model"], "minilm");
+    assert_eq!(lines[0]["usage"]["prompt_tokens"], hello["n_tokens"]);
+    let diff = max_abs(
+        &floats(&lines[0]["data"][0]["embedding"]),
+        &floats(&hello["embedding"]),
+    );
+    assert!(diff <= 1e-5, "{diff:e}");
+    assert_eq!(lines[1]["error"]["message"], long["vllm"]["error_message"]);
+    assert_eq!(lines[1]["error"]["code"], 400);
+}

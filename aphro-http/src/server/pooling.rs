@@ -155,40 +155,36 @@ async fn embeddings(
     headers: HeaderMap,
     JsonBody(body): JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let req: EmbeddingRequest = aphro_core::validation::from_body(&body)?;
-    let model = pooling_model(&state, req.model.as_deref())?;
-    let embedder = embedder(&state)?.clone();
-    match req.encoding_format {
-        EncodingFormat::Float | EncodingFormat::Base64 => {}
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "encoding_format {other:?} is not supported by this server (float, base64)"
-            ))
-            .with_param("encoding_format"))
-        }
-    }
-    if !req.add_special_tokens {
-        return Err(ApiError::bad_request(
-            "add_special_tokens=false is not supported by this server",
-        )
-        .with_param("add_special_tokens"));
-    }
-    let inputs: Vec<EmbedInput> = match req.input {
-        EmbeddingInput::Text(s) => vec![EmbedInput::Text(s)],
-        EmbeddingInput::Texts(v) => v.into_iter().map(EmbedInput::Text).collect(),
-        EmbeddingInput::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
-        EmbeddingInput::TokenBatch(v) => v.into_iter().map(EmbedInput::Tokens).collect(),
+    let model = {
+        let req: EmbeddingRequest = aphro_core::validation::from_body(&body)?;
+        pooling_model(&state, req.model.as_deref())?
     };
+    let embedder = embedder(&state)?.clone();
+    let id = response_id(&headers, "embd");
+    let resp = tokio::task::spawn_blocking(move || embed_body(&embedder, model, id, &body))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(json_response(StatusCode::OK, &resp))
+}
+
+/// One `/v1/embeddings` body (already checked for its `model`) → the response `model` and
+/// `id` name: the route's work, shared with `aphro embed`. Blocking (a forward pass).
+pub fn embed_body(
+    embedder: &Embedder,
+    model: String,
+    id: String,
+    body: &Value,
+) -> Result<EmbeddingResponse, ApiError> {
+    let req: EmbeddingRequest = aphro_core::validation::from_body(body)?;
+    refuse_unsupported(req.encoding_format, req.add_special_tokens)?;
+    let inputs = embed_inputs(req.input);
     let opts = EmbedOptions {
         truncate_prompt_tokens: req.truncate_prompt_tokens,
-        truncation_side: req.truncation_side.map(|s| match s {
-            TruncationSideParam::Left => TruncationSide::Left,
-            TruncationSideParam::Right => TruncationSide::Right,
-        }),
+        truncation_side: side(req.truncation_side),
         dimensions: req.dimensions,
         use_activation: req.use_activation,
     };
-    let out = blocking(move || embedder.embed(&inputs, &opts)).await?;
+    let out = embedder.embed(&inputs, &opts)?;
     let prompt_tokens: usize = out.iter().map(|e| e.prompt_tokens).sum();
     let data = out
         .into_iter()
@@ -196,28 +192,17 @@ async fn embeddings(
         .map(|(index, e)| EmbeddingData {
             index,
             object: "embedding".into(),
-            embedding: match req.encoding_format {
-                EncodingFormat::Base64 => {
-                    let bytes: Vec<u8> = e.embedding.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    EmbeddingVector::Base64(base64(&bytes))
-                }
-                _ => EmbeddingVector::Float(e.embedding),
-            },
+            embedding: vector(e.embedding, req.encoding_format),
         })
         .collect();
-    let id = match header_request_id(&headers) {
-        Some(h) => format!("embd-{h}"),
-        None => format!("embd-{}", random_request_id()),
-    };
-    let resp = EmbeddingResponse {
+    Ok(EmbeddingResponse {
         id,
         object: "list".into(),
         created: unix_now(),
         model,
         data,
         usage: PoolingUsage::prompt(prompt_tokens as u64),
-    };
-    Ok(json_response(StatusCode::OK, &resp))
+    })
 }
 
 /// Runs a pooling call on the blocking pool. Not behind the server's per-core gate: concurrent
