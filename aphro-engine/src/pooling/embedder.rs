@@ -523,10 +523,18 @@ impl<B: Backend> Embedder<B> {
         let mut start = 0;
         while start < order.len() {
             // Sorted by length: the last sequence taken is the longest of its batch.
+            // A batch pads every sequence to its longest: it also ends where padding would
+            // more than double the tokens computed (a short text next to a long one would
+            // otherwise cost as much as the long one).
             let mut end = start + 1;
-            while end < order.len()
-                && (end - start + 1) * seqs[order[end]].token_ids.len() <= BATCH_TOKEN_BUDGET
-            {
+            let mut real = seqs[order[start]].token_ids.len();
+            while end < order.len() {
+                let len = seqs[order[end]].token_ids.len();
+                let padded = (end - start + 1) * len;
+                if padded > BATCH_TOKEN_BUDGET || (padded > 2 * (real + len) && padded > 512) {
+                    break;
+                }
+                real += len;
                 end += 1;
             }
             let batch: Vec<EncoderInput> =
