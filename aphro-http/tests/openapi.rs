@@ -924,3 +924,105 @@ fn tokens_only_server_matches_its_document() {
     api.post_refused("/abort_requests", &json!({"request_ids": [1]}), 400, true);
     doc.assert_all_called();
 }
+
+/// `aphro serve <MiniLM folder>` (the runner detected from the folder): the pooling routes an
+/// embedding model mounts, each called, answers valid against the document; no text routes.
+#[test]
+fn pooling_server_matches_its_document() {
+    let model = assets()
+        .join("models/all-MiniLM-L6-v2")
+        .to_string_lossy()
+        .into_owned();
+    let s = Server::start(&["serve", model.as_str(), "--served-model-name", "minilm"]);
+    let doc = Doc::fetch(&s);
+    let api = Api::new(&s, &doc);
+    common_routes(&api, "minilm");
+    let paths: BTreeSet<&str> = doc.doc["paths"]
+        .as_object()
+        .map(|p| p.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    for p in [
+        "/v1/embeddings",
+        "/v2/embed",
+        "/pooling",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+    ] {
+        assert!(paths.contains(p), "{p} not documented: {paths:?}");
+    }
+    for p in [
+        "/classify",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/tokenize",
+    ] {
+        assert!(!paths.contains(p), "{p} documented on a pooling server");
+    }
+
+    let e = api
+        .post(
+            "/v1/embeddings",
+            &json!({"model": "minilm", "input": ["a", "b"]}),
+        )
+        .body;
+    assert_eq!(e["data"].as_array().map(Vec::len), Some(2));
+    api.post(
+        "/v1/embeddings",
+        &json!({"input": [101, 7592, 102], "encoding_format": "base64"}),
+    );
+    api.post(
+        "/v2/embed",
+        &json!({"texts": ["a"], "embedding_types": ["float", "binary", "ubinary", "base64"]}),
+    );
+    api.post("/pooling", &json!({"input": "a"}));
+    api.post("/score", &json!({"queries": "a", "documents": ["a", "b"]}));
+    api.post(
+        "/v1/score",
+        &json!({"text_1": ["a", "b"], "text_2": ["a", "b"]}),
+    );
+    for path in ["/rerank", "/v1/rerank", "/v2/rerank"] {
+        let r = api
+            .post(
+                path,
+                &json!({"query": "a", "documents": ["b", "a"], "top_n": 1}),
+            )
+            .body;
+        assert_eq!(r["results"][0]["index"], 1);
+    }
+
+    api.post_refused("/v1/embeddings", &json!({"inputs": "a"}), 400, true);
+    api.post_refused(
+        "/v1/embeddings",
+        &json!({"model": "other", "input": "a"}),
+        404,
+        false,
+    );
+    api.post_refused("/v2/embed", &json!({"model": "minilm"}), 400, false);
+    api.post_refused(
+        "/pooling",
+        &json!({"input": "a", "dimensions": 3}),
+        400,
+        false,
+    );
+    api.post_refused(
+        "/score",
+        &json!({"queries": ["a", "b"], "documents": ["a", "b", "c"]}),
+        400,
+        false,
+    );
+    api.post_refused("/rerank", &json!({"documents": ["a"]}), 400, true);
+    // An undocumented text route is not mounted: FastAPI's 404.
+    let chat_status = match ureq::post(&s.url("/v1/chat/completions"))
+        .set("content-type", "application/json")
+        .send_string(&chat(json!({})).to_string())
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("transport error: {e}"),
+    };
+    assert_eq!(chat_status, 404);
+    doc.assert_all_called();
+}

@@ -5,15 +5,19 @@
 //! Submodules: [`chat`] (chat-completions request, messages, tools), [`completion`],
 //! [`sampling`] (`SamplingParams` with vLLM's validation and "omit defaults" dump),
 //! [`generate`] (`GenerateRequest`, `ParseContext`, `StreamOptions`), [`tokenize`] (§9),
-//! [`response`] (generate / chat / completion responses, §4.2, §8), [`derender`] (§6, §7).
+//! [`response`] (generate / chat / completion responses, §4.2, §8), [`derender`] (§6, §7),
+//! [`embeddings`] (`/v1/embeddings`), [`pooling`] (`/v2/embed`, `/pooling`, `/classify`,
+//! `/score`, `/rerank`).
 //!
 //! Every type derives [`utoipa::ToSchema`] beside its serde impls, so the servers' OpenAPI
 //! documents describe exactly these shapes; [`schema`] holds the few schemas written by hand.
 pub mod chat;
 pub mod completion;
 pub mod derender;
+pub mod embeddings;
 pub mod error;
 pub mod generate;
+pub mod pooling;
 pub mod response;
 pub mod sampling;
 pub mod schema;
@@ -22,8 +26,10 @@ pub mod tokenize;
 pub use chat::*;
 pub use completion::*;
 pub use derender::*;
+pub use embeddings::*;
 pub use error::*;
 pub use generate::*;
+pub use pooling::*;
 pub use response::*;
 pub use sampling::*;
 pub use tokenize::*;

@@ -44,6 +44,11 @@ pub trait WeightSource {
     /// The tensor with this HF name, or `None` if the file does not have it. With
     /// `keep_quant`, block-quantized matrices stay quantized.
     fn get(&self, name: &str, keep_quant: bool) -> Result<Option<HostTensor>, ModelError>;
+
+    /// Whether the source has a tensor of this name, without loading it.
+    fn contains(&self, name: &str) -> bool {
+        self.get(name, true).is_ok_and(|t| t.is_some())
+    }
 }
 
 /// HF parameter name → GGUF tensor name.
@@ -266,6 +271,10 @@ fn read(p: &Path) -> Result<Vec<u8>, ModelError> {
 }
 
 impl WeightSource for SafetensorsWeights {
+    fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
     fn get(&self, name: &str, _keep_quant: bool) -> Result<Option<HostTensor>, ModelError> {
         let Some(&i) = self.index.get(name) else {
             return Ok(None);

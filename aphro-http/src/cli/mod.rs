@@ -9,6 +9,7 @@ use std::process::ExitCode;
 pub mod bench;
 pub mod derender;
 pub mod detokenize;
+pub mod embed;
 pub mod generate;
 pub(crate) mod io;
 pub mod launch;
@@ -52,6 +53,8 @@ pub enum Command {
     Serve(serve::Args),
     /// Engine throughput: prefill, batch-1 decode and aggregate decode tok/s.
     Bench(bench::Args),
+    /// Embed `/v1/embeddings` bodies (or a JSONL batch) on a pooling model, offline.
+    Embed(embed::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -69,5 +72,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Embed(args) => embed::run(args),
     }
 }

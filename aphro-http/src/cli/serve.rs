@@ -1,6 +1,7 @@
 //! `aphro serve [MODEL]`: the integrated server (OpenAI API + render, derender, generate), or
 //! with `--tokens-only` the token-in/token-out engine alone (no tokenizer is loaded).
-//! Without MODEL it serves the embedded default model.
+//! Without MODEL it serves the embedded default model. A pooling model (`--runner pooling`,
+//! or detected from the folder) serves `/v1/embeddings` instead.
 use super::generate::EngineArgs;
 use super::server_args::{FrontendArgs, ServerArgs};
 use crate::server::{self, AppState, Role};
@@ -26,12 +27,25 @@ pub struct Args {
     /// as Aphrodite does; behind `--api-key` like the `/v1` routes.
     #[arg(long)]
     pub launch_kobold_api: bool,
+    /// What runs the model: `generate` (a decoder: the OpenAI text routes), `pooling` (an
+    /// encoder: `/v1/embeddings`), or `auto`: pooling for a folder with sentence-transformers'
+    /// `modules.json` or a BERT architecture in `config.json`, generate otherwise.
+    #[arg(long, value_enum, default_value_t = Runner::Auto)]
+    pub runner: Runner,
     #[command(flatten)]
     pub server: ServerArgs,
     #[command(flatten)]
     pub frontend: FrontendArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// `--runner`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Runner {
+    Auto,
+    Generate,
+    Pooling,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -53,7 +67,23 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
     if let Some(m) = args.model_arg.take() {
         args.engine.model = Some(m);
     }
-    let role = if args.tokens_only {
+    let pooling = match args.runner {
+        Runner::Pooling => true,
+        Runner::Generate => false,
+        Runner::Auto => args.engine.model.as_deref().is_some_and(|m| {
+            aphro_engine::model::resolve_model_path(std::path::Path::new(m))
+                .is_ok_and(|dir| aphro_engine::pooling::is_pooling_model(&dir))
+        }),
+    };
+    let role = if pooling {
+        if args.tokens_only || args.enable_scale_out || args.launch_kobold_api {
+            anyhow::bail!(
+                "a pooling model serves the pooling routes only: --tokens-only, \
+                 --enable-scale-out and --launch-kobold-api need --runner generate"
+            );
+        }
+        Role::Pooling
+    } else if args.tokens_only {
         Role::TokensOnly
     } else {
         Role::Full

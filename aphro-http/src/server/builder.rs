@@ -224,8 +224,9 @@ impl ServerBuilder {
         self
     }
 
-    /// `Role::Full` (default: the OpenAI API), `Role::TokensOnly` (`--tokens-only`) or
-    /// `Role::Render` (`aphro launch render`, no engine).
+    /// `Role::Full` (default: the OpenAI API), `Role::TokensOnly` (`--tokens-only`),
+    /// `Role::Render` (`aphro launch render`, no engine) or `Role::Pooling` (an HF encoder
+    /// folder served as a pooling model).
     pub fn role(mut self, role: Role) -> Self {
         self.role = role;
         self
@@ -368,6 +369,14 @@ impl ServerBuilder {
                 AppState::new(settings)
                     .with_renderer(Arc::new(renderer))
                     .with_derenderer(Arc::new(derenderer))
+            }
+            Role::Pooling => {
+                let dir = aphro_engine::model::resolve_model_path(std::path::Path::new(&spec))?;
+                let embedder = aphro_engine::pooling::Embedder::load(&dir)
+                    .with_context(|| format!("loading pooling model `{spec}`"))?
+                    .with_served_name(served[0].clone());
+                settings.max_model_len = embedder.max_model_len();
+                AppState::new(settings).with_embedder(Arc::new(embedder))
             }
             Role::Full | Role::TokensOnly => {
                 let tokens_only = self.role == Role::TokensOnly;

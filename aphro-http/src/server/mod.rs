@@ -17,6 +17,7 @@ pub mod engine;
 pub mod kobold;
 pub mod openai;
 pub mod openapi;
+pub mod pooling;
 pub mod render;
 
 use crate::auth::{require_api_key, ApiKeys};
@@ -40,6 +41,9 @@ pub enum Role {
     TokensOnly,
     /// Everything: the OpenAI API plus render, derender and generate.
     Full,
+    /// A pooling model (`--runner pooling`): the pooling routes its task allows (see
+    /// [`pooling::PoolingRoutes`]) plus the common routes.
+    Pooling,
 }
 
 /// Settings shared by every role.
@@ -102,6 +106,8 @@ pub struct AppState {
     pub cpu: Arc<CpuGate>,
     /// The Kobold routes' running generations (with `--launch-kobold-api`).
     pub kobold: Option<Arc<aphro_engine::kobold::KoboldServing>>,
+    /// The pooling model of `Role::Pooling`.
+    pub embedder: Option<Arc<aphro_engine::pooling::Embedder>>,
 }
 
 /// Runs CPU-bound request work (render, tokenize, derender) at most one job per core at a
@@ -193,6 +199,11 @@ impl AppState {
         self
     }
 
+    pub fn with_embedder(mut self, embedder: Arc<aphro_engine::pooling::Embedder>) -> Self {
+        self.embedder = Some(embedder);
+        self
+    }
+
     /// Serves the Kobold routes over this state's renderer, derenderer and engine (the
     /// router mounts them when `settings.launch_kobold_api` is set). A no-op on a role
     /// without all three.
@@ -220,6 +231,7 @@ impl AppState {
             engine: None,
             cpu: Arc::new(CpuGate::per_core()),
             kobold: None,
+            embedder: None,
         }
     }
 
@@ -246,11 +258,13 @@ fn role_routes(
     role: Role,
     scale_out: bool,
     kobold: bool,
+    pooling_routes: pooling::PoolingRoutes,
 ) -> utoipa_axum::router::OpenApiRouter<AppState> {
     let mut app = common::routes();
     match role {
         Role::Render => app = app.merge(render::routes()).merge(anthropic::count_routes()),
         Role::TokensOnly => app = app.merge(engine::routes(true)),
+        Role::Pooling => app = app.merge(pooling::routes(pooling_routes)),
         Role::Full => {
             app = app
                 .merge(render::utility_routes())
@@ -306,9 +320,14 @@ pub fn openapi_document_with(
     kobold: bool,
 ) -> utoipa::openapi::OpenApi {
     openapi::finish(
-        role_routes(role, enable_scale_out, kobold)
-            .split_for_parts()
-            .1,
+        role_routes(
+            role,
+            enable_scale_out,
+            kobold,
+            pooling::PoolingRoutes::default(),
+        )
+        .split_for_parts()
+        .1,
     )
 }
 
@@ -326,7 +345,13 @@ pub fn router_with(state: AppState, docs: bool) -> Router {
     let keys = ApiKeys::new(state.settings.api_keys.clone());
     let scale_out = state.settings.enable_scale_out;
     let kobold = state.settings.launch_kobold_api;
-    let (mut app, doc) = role_routes(state.settings.role, scale_out, kobold).split_for_parts();
+    let pooling_routes = state
+        .embedder
+        .as_deref()
+        .map(pooling::PoolingRoutes::for_model)
+        .unwrap_or_default();
+    let (mut app, doc) =
+        role_routes(state.settings.role, scale_out, kobold, pooling_routes).split_for_parts();
     if state.settings.role == Role::Full && !scale_out {
         app = scale_out_disabled(app);
     }
