@@ -87,7 +87,10 @@ for T in $THREADS; do
     # Concurrency: the same shape as `aphro bench`'s aggregate (32-token prompts, 128 new
     # tokens each, 8/16/32 sequences decoded together; prefill counted in the wall time).
     echo "[$T threads] llama-batched-bench -npp 32 -ntg 128 -npl 8,16,32 ..." >&2
-    "$BATCHED" -m "$MODEL" -t "$T" -c 8192 -b 2048 -ub 512 -fa "$LLAMA_FA" -npp 32 -ntg 128 \
+    # llama-batched-bench takes flash attention as a bare flag (llama-bench as 0/1).
+    FA_FLAG=()
+    [ "$LLAMA_FA" = 1 ] && FA_FLAG=(-fa)
+    "$BATCHED" -m "$MODEL" -t "$T" -c 8192 -b 2048 -ub 512 "${FA_FLAG[@]}" -npp 32 -ntg 128 \
         -npl 8,16,32 --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/batched-$T.jsonl"
     echo "[$T threads] aphro bench --json ..." >&2
     RAYON_NUM_THREADS=$T "$APHRO" bench --model "$MODEL" --dtype auto --json \
