@@ -86,6 +86,7 @@ fn scripted_workload_publishes_events_that_agree_with_the_cache() {
         block_size: 16,
         quiet: true,
         device: aphro_engine::backend::Device::Cpu,
+        kv_cache_dtype: Default::default(),
     })
     .expect("model loads");
     let blocks = runner.num_blocks();
