@@ -33,8 +33,8 @@ pub struct SeqBlocks {
     last_hash: Option<BlockHash>,
     /// The request's `cache_salt`: an extra hash key of the first block only.
     salt: Option<String>,
-    /// The request's LoRA adapter name: an extra hash key of every block.
-    lora_name: Option<String>,
+    /// The request's LoRA adapter (name, path): an extra hash key of every block.
+    lora: Option<(String, String)>,
 }
 
 impl SeqBlocks {
@@ -44,12 +44,12 @@ impl SeqBlocks {
         Self::with_keys(salt, None)
     }
 
-    /// An empty sequence with its request's `cache_salt` and LoRA name, the extra keys vLLM
-    /// mixes into block hashes.
-    pub fn with_keys(salt: Option<&str>, lora_name: Option<&str>) -> Self {
+    /// An empty sequence with its request's `cache_salt` and LoRA adapter (name, path), the
+    /// extra keys vLLM mixes into block hashes.
+    pub fn with_keys(salt: Option<&str>, lora: Option<(&str, &str)>) -> Self {
         Self {
             salt: salt.map(str::to_owned),
-            lora_name: lora_name.map(str::to_owned),
+            lora: lora.map(|(n, p)| (n.to_owned(), p.to_owned())),
             ..Self::default()
         }
     }
@@ -58,16 +58,19 @@ impl SeqBlocks {
         self.table.is_empty()
     }
 
-    /// vLLM's `generate_block_hash_extra_keys` for block `i`: LoRA name, then the salt on the
+    /// vLLM's `generate_block_hash_extra_keys` for block `i`: LoRA, then the salt on the
     /// first block only; `None` when empty.
     fn extra_keys(&self, i: usize) -> Option<Vec<ExtraKey>> {
         let mut keys = Vec::new();
-        if let Some(l) = &self.lora_name {
-            keys.push(ExtraKey::Str(l.clone()));
+        if let Some((name, path)) = &self.lora {
+            keys.push(ExtraKey::Lora {
+                name: name.clone(),
+                path: path.clone(),
+            });
         }
         if i == 0 {
             if let Some(s) = &self.salt {
-                keys.push(ExtraKey::Str(s.clone()));
+                keys.push(ExtraKey::CacheSalt(s.clone()));
             }
         }
         (!keys.is_empty()).then_some(keys)
@@ -395,7 +398,7 @@ impl BlockManager {
                 parent_block_hash: r.parent,
                 token_ids: r.tokens,
                 block_size: self.block_size,
-                lora_name: seq.lora_name.clone(),
+                lora_name: seq.lora.as_ref().map(|l| l.0.clone()),
                 extra_keys: r.extra,
             });
         }
@@ -428,7 +431,7 @@ impl BlockManager {
         // A preempted sequence is computed again under its own salt and LoRA.
         *seq = SeqBlocks {
             salt: seq.salt.take(),
-            lora_name: seq.lora_name.take(),
+            lora: seq.lora.take(),
             ..SeqBlocks::default()
         };
     }
@@ -629,14 +632,15 @@ mod tests {
         let mut m = events_manager(4, 4);
         let h = BlockHasher::new(HashAlgo::Sha256Cbor, Some("0"));
         let toks: Vec<u32> = (0..9).collect();
-        let mut s = SeqBlocks::with_keys(Some("salt"), Some("my-lora"));
+        let mut s = SeqBlocks::with_keys(Some("salt"), Some(("my-lora", "/lora")));
         m.allocate(&mut s, 0, 9).expect("room");
         m.commit(&mut s, &toks, 9);
-        let k0 = vec![
-            ExtraKey::Str("my-lora".into()),
-            ExtraKey::Str("salt".into()),
-        ];
-        let k1 = vec![ExtraKey::Str("my-lora".into())];
+        let lora = ExtraKey::Lora {
+            name: "my-lora".into(),
+            path: "/lora".into(),
+        };
+        let k0 = vec![lora.clone(), ExtraKey::CacheSalt("salt".into())];
+        let k1 = vec![lora];
         let b0 = h.hash_block(None, &toks[..4], Some(&k0));
         let b1 = h.hash_block(Some(&b0), &toks[4..8], Some(&k1));
         assert_eq!(

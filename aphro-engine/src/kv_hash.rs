@@ -4,7 +4,11 @@
 //! `block_hash = H((parent_hash or NONE_HASH, tuple(block_token_ids), extra_keys or None))`
 //! where `H` is `sha256` over Python pickle protocol 5 (`--prefix-caching-hash-algo sha256`,
 //! vLLM's default) or over canonical CBOR (`sha256_cbor`). `NONE_HASH = H(PYTHONHASHSEED)`
-//! when that variable is set (the seed *string*), else 32 random bytes.
+//! when that variable is set (the seed *string*), else `H("vllm-none-hash")`: vLLM 0.33.0
+//! derives it from a fixed seed for these cryptographic hashes, so independent processes
+//! (and a router recomputing hashes) agree without configuration. Extra keys enter the hash
+//! tagged with their source (`("lora", name, path)`, `("mm", id, offset)`,
+//! `("cache_salt", salt)`); events publish them untagged ([`ExtraKey::event_form`]).
 
 use sha2::{Digest, Sha256};
 
@@ -47,14 +51,51 @@ impl HashAlgo {
     }
 }
 
-/// One element of a block's extra keys (`endpoints.md §4.5`: LoRA name, `cache_salt`,
-/// multimodal `(identifier, offset)`, prompt-embeds digest).
+/// One element of a block's extra keys, as vLLM 0.33.0's `generate_block_hash_extra_keys`
+/// makes them (`endpoints.md §4.5`): in this order LoRA, multimodal items, `cache_salt`,
+/// prompt-embeds digests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExtraKey {
-    Str(String),
-    /// A multimodal item: `(identifier, offset relative to the block start)`.
+    /// `("lora", name, path)`: the path too, so a name re-pointed at another adapter does not
+    /// reuse its KV.
+    Lora { name: String, path: String },
+    /// `("mm", identifier, offset relative to the block start)`.
     Mm(String, i64),
-    Bytes(Vec<u8>),
+    /// `("cache_salt", salt)`, on the first block only.
+    CacheSalt(String),
+    /// `("prompt_embeds", sha256 of the block's embeddings)`.
+    PromptEmbeds(Vec<u8>),
+}
+
+/// What a KV event carries for one extra key (`to_event_extra_keys`): the value without its
+/// tag, and a multimodal item as `(identifier, offset)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKey<'a> {
+    Str(&'a str),
+    Mm(&'a str, i64),
+    Bytes(&'a [u8]),
+}
+
+impl ExtraKey {
+    pub fn event_form(&self) -> EventKey<'_> {
+        match self {
+            Self::Lora { name, .. } => EventKey::Str(name),
+            Self::Mm(id, off) => EventKey::Mm(id, *off),
+            Self::CacheSalt(s) => EventKey::Str(s),
+            Self::PromptEmbeds(d) => EventKey::Bytes(d),
+        }
+    }
+
+    fn hashed(&self) -> Py<'_> {
+        match self {
+            Self::Lora { name, path } => {
+                Py::Tuple(vec![Py::Str("lora"), Py::Str(name), Py::Str(path)])
+            }
+            Self::Mm(id, off) => Py::Tuple(vec![Py::Str("mm"), Py::Str(id), Py::Int(*off)]),
+            Self::CacheSalt(s) => Py::Tuple(vec![Py::Str("cache_salt"), Py::Str(s)]),
+            Self::PromptEmbeds(d) => Py::Tuple(vec![Py::Str("prompt_embeds"), Py::Bytes(d)]),
+        }
+    }
 }
 
 /// The Python values vLLM hashes.
@@ -67,15 +108,7 @@ enum Py<'a> {
 }
 
 fn extra_py(keys: &[ExtraKey]) -> Py<'_> {
-    Py::Tuple(
-        keys.iter()
-            .map(|k| match k {
-                ExtraKey::Str(s) => Py::Str(s),
-                ExtraKey::Mm(id, off) => Py::Tuple(vec![Py::Str(id), Py::Int(*off)]),
-                ExtraKey::Bytes(b) => Py::Bytes(b),
-            })
-            .collect(),
-    )
+    Py::Tuple(keys.iter().map(ExtraKey::hashed).collect())
 }
 
 /// Canonical CBOR as `cbor2.dumps(x, canonical=True)` writes these types: shortest heads,
@@ -191,6 +224,9 @@ fn pickle(x: &Py<'_>) -> Vec<u8> {
     out
 }
 
+/// vLLM's `DEFAULT_NONE_HASH_SEED`: what `NONE_HASH` hashes when `PYTHONHASHSEED` is unset.
+pub const DEFAULT_NONE_HASH_SEED: &str = "vllm-none-hash";
+
 /// Hashes blocks as vLLM does for one `--prefix-caching-hash-algo` and `NONE_HASH`.
 #[derive(Debug, Clone)]
 pub struct BlockHasher {
@@ -200,12 +236,11 @@ pub struct BlockHasher {
 
 impl BlockHasher {
     /// `python_hash_seed` is `PYTHONHASHSEED` (vLLM hashes the seed string itself); without
-    /// one, `NONE_HASH` is random, as in vLLM.
+    /// one, vLLM 0.33.0 hashes its fixed seed [`DEFAULT_NONE_HASH_SEED`] (both algorithms
+    /// here are cryptographic; only xxhash keeps a random seed).
     pub fn new(algo: HashAlgo, python_hash_seed: Option<&str>) -> Self {
-        let none_hash = match python_hash_seed {
-            Some(seed) => Self::digest(algo, &Py::Str(seed)),
-            None => random_bytes(),
-        };
+        let seed = python_hash_seed.unwrap_or(DEFAULT_NONE_HASH_SEED);
+        let none_hash = Self::digest(algo, &Py::Str(seed));
         Self { algo, none_hash }
     }
 
@@ -254,18 +289,6 @@ pub fn hash_to_u64(h: &BlockHash) -> u64 {
     u64::from_be_bytes(b)
 }
 
-fn random_bytes() -> BlockHash {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded from OS randomness; four independent states, then SHA-256.
-    let mut h = Sha256::new();
-    for i in 0..4u64 {
-        let mut s = std::collections::hash_map::RandomState::new().build_hasher();
-        s.write_u64(i);
-        h.update(s.finish().to_le_bytes());
-    }
-    h.finalize().into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,18 +334,26 @@ mod tests {
         // Empty extra keys hash as None, like vLLM's `generate_block_hash_extra_keys`.
         assert_eq!(h.hash_block(None, &toks0, Some(&[])), b0);
         let extra = [
-            ExtraKey::Str("my-lora".into()),
+            ExtraKey::Lora {
+                name: "my-lora".into(),
+                path: "/a".into(),
+            },
             ExtraKey::Mm("abc123".into(), 3),
-            ExtraKey::Str("salt".into()),
+            ExtraKey::CacheSalt("salt".into()),
         ];
         assert_eq!(
             hex(&cbor(&extra_py(&extra))),
             format!(
-                "8367{}8266{}0364{}",
+                "83 8364{}67{}62{} 8362{}66{}03 826a{}64{}",
+                hex(b"lora"),
                 hex(b"my-lora"),
+                hex(b"/a"),
+                hex(b"mm"),
                 hex(b"abc123"),
+                hex(b"cache_salt"),
                 hex(b"salt")
             )
+            .replace(' ', "")
         );
         assert_ne!(h.hash_block(None, &toks0, Some(&extra)), b0);
     }
@@ -378,9 +409,35 @@ mod tests {
     }
 
     #[test]
-    fn random_none_hash_differs_per_hasher() {
+    fn unset_seed_uses_vllms_fixed_seed() {
         let a = BlockHasher::new(HashAlgo::Sha256Cbor, None);
-        let b = BlockHasher::new(HashAlgo::Sha256Cbor, None);
-        assert_ne!(a.none_hash(), b.none_hash());
+        let b = BlockHasher::new(HashAlgo::Sha256Cbor, Some(DEFAULT_NONE_HASH_SEED));
+        assert_eq!(a.none_hash(), b.none_hash());
+        assert_ne!(
+            a.none_hash(),
+            BlockHasher::new(HashAlgo::Sha256Cbor, Some("0")).none_hash()
+        );
+    }
+
+    /// Hashes of `testdata/kv_events/vllm_0.33.0.json`, made by vLLM 0.33.0's own hash code
+    /// (`scripts/make_kv_event_goldens.py`): seeded and unseeded, pickle and CBOR, with LoRA
+    /// and `cache_salt` keys.
+    #[test]
+    fn block_hashes_equal_vllm_goldens() {
+        for c in crate::kv_events::tests::goldens() {
+            let h = BlockHasher::new(c.algo, c.seed.as_deref());
+            assert_eq!(hex(h.none_hash()), c.none_hash, "{}", c.name);
+            let mut parent = None;
+            for (i, want) in c.block_hashes.iter().enumerate() {
+                let extra = c.extra_keys(i);
+                let got = h.hash_block(
+                    parent.as_ref(),
+                    &c.tokens[i * c.block_size..(i + 1) * c.block_size],
+                    extra.as_deref(),
+                );
+                assert_eq!(&hex(&got), want, "{} block {i}", c.name);
+                parent = Some(got);
+            }
+        }
     }
 }

@@ -160,6 +160,16 @@ impl KvEventPublisher {
         cfg: &KvEventsConfig,
         data_parallel_rank: u16,
     ) -> Result<(Self, KvEventSink), String> {
+        if cfg.hwm != KvEventsConfig::default().hwm {
+            // The pure-Rust ZMQ sockets have no high-water-mark setting: say so rather than
+            // accept the value silently. Slow subscribers are bounded by the queue instead.
+            tracing::warn!(
+                "--kv-events-config hwm={} is not applied (the PUB socket has no high-water \
+                 mark here); max_queue_size={} bounds the batches waiting to be sent",
+                cfg.hwm,
+                cfg.max_queue_size
+            );
+        }
         let endpoint = endpoint_for_rank(&cfg.endpoint, data_parallel_rank)?;
         let binds = pub_binds(&endpoint);
         let endpoint = socket_endpoint(&endpoint)?;
@@ -297,16 +307,24 @@ async fn run(
             msg = replay_req => {
                 let Ok(msg) = msg else { continue };
                 let Some(r) = router.as_deref_mut() else { continue };
-                replay(r, msg, &buffer).await;
+                replay(r, msg, &buffer, &topic).await;
             }
         }
     }
 }
 
-/// Answer one replay request `[identity, "", start_seq]` (`endpoints.md §4.4`).
-async fn replay(r: &mut zeromq::RouterSocket, msg: ZmqMessage, buffer: &VecDeque<(u64, Bytes)>) {
+/// Answer one replay request `[identity, _, start_seq]` as vLLM 0.33.0's
+/// `_service_replay` does (`endpoints.md §4.4`): `[identity, "", topic, seq, payload]` per
+/// buffered batch from `start_seq` on, then `[identity, "", "", ff×8, ""]`.
+async fn replay(
+    r: &mut zeromq::RouterSocket,
+    msg: ZmqMessage,
+    buffer: &VecDeque<(u64, Bytes)>,
+    topic: &Bytes,
+) {
     let frames = msg.into_vec();
-    let [identity, empty, start] = frames.as_slice() else {
+    // vLLM checks only the frame count; the middle frame is the REQ/DEALER delimiter.
+    let [identity, _, start] = frames.as_slice() else {
         tracing::warn!(
             "KV events replay: ignoring a request of {} frames",
             frames.len()
@@ -317,27 +335,24 @@ async fn replay(r: &mut zeromq::RouterSocket, msg: ZmqMessage, buffer: &VecDeque
         tracing::warn!("KV events replay: the start sequence must be 8 bytes");
         return;
     };
-    if !empty.is_empty() {
-        tracing::warn!("KV events replay: ignoring a request without the empty delimiter");
-        return;
-    }
     let start = u64::from_be_bytes(start);
-    let reply = |seq: [u8; 8], payload: Bytes| {
+    let reply = |topic: Bytes, seq: [u8; 8], payload: Bytes| {
         ZmqMessage::try_from(vec![
             identity.clone(),
             Bytes::new(),
+            topic,
             Bytes::copy_from_slice(&seq),
             payload,
         ])
     };
     for (seq, payload) in buffer.iter().filter(|(s, _)| *s >= start) {
-        if let Ok(m) = reply(seq.to_be_bytes(), payload.clone()) {
+        if let Ok(m) = reply(topic.clone(), seq.to_be_bytes(), payload.clone()) {
             if r.send(m).await.is_err() {
                 return;
             }
         }
     }
-    if let Ok(m) = reply(END_SEQ, Bytes::new()) {
+    if let Ok(m) = reply(Bytes::new(), END_SEQ, Bytes::new()) {
         let _ = r.send(m).await;
     }
 }

@@ -142,15 +142,21 @@ fn scripted_workload_publishes_events_that_agree_with_the_cache() {
                 .await
                 .expect("replay answers in time")
                 .expect("recv");
+            // vLLM 0.33.0: ["", topic, seq, payload]; the end marker has an empty topic and
+            // payload.
             let f = m.into_vec();
-            assert_eq!(f.len(), 3, "[\"\", seq, payload]");
+            assert_eq!(f.len(), 4, "[\"\", topic, seq, payload]");
             assert!(f[0].is_empty());
-            let seq: [u8; 8] = f[1].as_ref().try_into().expect("8-byte seq");
+            let seq: [u8; 8] = f[2].as_ref().try_into().expect("8-byte seq");
             if seq == [0xff; 8] {
-                assert!(f[2].is_empty(), "end marker has an empty payload");
+                assert!(
+                    f[1].is_empty() && f[3].is_empty(),
+                    "end marker: empty topic, payload"
+                );
                 break;
             }
-            got.push((u64::from_be_bytes(seq), f[2].clone()));
+            assert_eq!(f[1].as_ref(), b"kv@pod-0@smol");
+            got.push((u64::from_be_bytes(seq), f[3].clone()));
         }
         got
     });
@@ -178,7 +184,7 @@ fn scripted_workload_publishes_events_that_agree_with_the_cache() {
                 .expect("in time")
                 .expect("recv")
                 .into_vec();
-            if f[1].as_ref() == [0xff; 8] {
+            if f[2].as_ref() == [0xff; 8] {
                 break n;
             }
             n += 1;
@@ -223,43 +229,55 @@ fn scripted_workload_publishes_events_that_agree_with_the_cache() {
         let events = b[1].as_array().expect("events");
         assert!(!events.is_empty(), "only non-empty batches are published");
         for e in events {
-            let e = e.as_array().expect("array_like event");
-            match e[0].as_str().expect("tag first") {
+            // vLLM 0.33.0's events are tagged maps: "type" first, then the set fields.
+            // (serde_json keeps the wire's key order here: `preserve_order`.)
+            let pairs = e.as_object().expect("tagged map event");
+            let keys: Vec<&str> = pairs.keys().map(String::as_str).collect();
+            let field = |k: &str| -> &Value { pairs.get(k).expect(k) };
+            match field("type").as_str().expect("tag") {
                 "BlockStored" => {
-                    assert_eq!(e.len(), 12);
-                    let hashes: Vec<u64> = e[1]
+                    assert_eq!(
+                        keys,
+                        [
+                            "type",
+                            "block_hashes",
+                            "parent_block_hash",
+                            "token_ids",
+                            "block_size",
+                            "lora_id",
+                            "medium",
+                            "lora_name",
+                            "extra_keys",
+                            "group_idx"
+                        ]
+                    );
+                    let hashes: Vec<u64> = field("block_hashes")
                         .as_array()
                         .expect("hashes")
                         .iter()
                         .map(|h| h.as_u64().expect("int hash"))
                         .collect();
-                    let tokens: Vec<u32> = e[3]
+                    let tokens: Vec<u32> = field("token_ids")
                         .as_array()
                         .expect("tokens")
                         .iter()
                         .map(|t| t.as_u64().expect("token") as u32)
                         .collect();
-                    assert_eq!(e[4], 16);
+                    assert_eq!(*field("block_size"), 16);
                     assert_eq!(tokens.len(), 16 * hashes.len());
-                    assert!(e[5].is_null() && e[7].is_null());
-                    assert_eq!(e[6], "GPU");
+                    assert!(field("lora_id").is_null() && field("lora_name").is_null());
+                    assert_eq!(*field("medium"), "GPU");
                     assert_eq!(
-                        e[8],
+                        *field("extra_keys"),
                         Value::Array(vec![Value::Null; hashes.len()]),
                         "text-only: one nil per block"
                     );
-                    assert_eq!(
-                        (&e[9], &e[10], &e[11]),
-                        (
-                            &Value::from(0),
-                            &Value::from("full_attention"),
-                            &Value::Null
-                        )
-                    );
+                    assert_eq!(*field("group_idx"), 0);
                     // The parent is a stored, still cached block (or nil at block 0).
-                    let mut parent = match e[2].as_u64() {
+                    let parent_field = field("parent_block_hash");
+                    let mut parent = match parent_field.as_u64() {
                         None => {
-                            assert!(e[2].is_null());
+                            assert!(parent_field.is_null());
                             None
                         }
                         Some(p) => {
@@ -278,16 +296,19 @@ fn scripted_workload_publishes_events_that_agree_with_the_cache() {
                     }
                 }
                 "BlockRemoved" => {
-                    assert_eq!(e.len(), 4);
-                    assert_eq!((&e[2], &e[3]), (&Value::from("GPU"), &Value::from(0)));
-                    for h in e[1].as_array().expect("hashes") {
+                    assert_eq!(keys, ["type", "block_hashes", "medium", "group_idx"]);
+                    assert_eq!(
+                        (field("medium"), field("group_idx")),
+                        (&Value::from("GPU"), &Value::from(0))
+                    );
+                    for h in field("block_hashes").as_array().expect("hashes") {
                         let h = h.as_u64().expect("int hash");
                         assert!(live_set.remove(&h), "removed {h} before it was stored");
                         removed += 1;
                     }
                 }
                 "AllBlocksCleared" => {
-                    assert_eq!(e.len(), 1);
+                    assert_eq!(keys, ["type"]);
                     live_set.clear();
                     cleared += 1;
                 }
