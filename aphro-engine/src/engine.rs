@@ -47,6 +47,9 @@ pub struct EngineConfig {
     pub prefix_caching_hash_algo: HashAlgo,
     /// `--kv-events-config`: where the engine's KV-cache events go; `None` = not recorded.
     pub kv_events: Option<KvEventSink>,
+    /// CPU threads of this engine's own pool (data parallelism splits the cores between
+    /// engines); `None`: the process-wide pool.
+    pub num_threads: Option<usize>,
 }
 
 /// Default `--prefill-pacing-ratio`: a stream's inter-token latency at most doubles while a
@@ -66,6 +69,7 @@ impl Default for EngineConfig {
             prefill_pacing_ratio: DEFAULT_PREFILL_PACING_RATIO,
             prefix_caching_hash_algo: HashAlgo::default(),
             kv_events: None,
+            num_threads: None,
         }
     }
 }
@@ -105,6 +109,8 @@ enum Command {
         request_id: String,
         ticket: Option<u64>,
     },
+    /// Die as a runner failure would, with this reason ([`Engine::inject_failure`]).
+    Fail(String),
     /// Reset the prefix cache; reply whether it was (refused while requests hold blocks).
     ResetPrefixCache(mpsc::SyncSender<bool>),
     /// Reply with the metrics once every earlier command has been applied.
@@ -194,9 +200,26 @@ impl Engine {
         });
         let (tx, rx) = mpsc::channel();
         let loop_shared = Arc::clone(&shared);
+        // Kernels parallelise with rayon; an engine with its own pool runs every step inside
+        // it, so engines of one process do not contend for the same threads.
+        let pool = match config.num_threads {
+            Some(n) => Some(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n.max(1))
+                    .thread_name(|i| format!("aphro-engine-worker-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        EngineError::Config(format!("cannot start the thread pool: {e}"))
+                    })?,
+            )),
+            None => None,
+        };
         let thread = std::thread::Builder::new()
             .name("aphro-engine".into())
-            .spawn(move || run_loop(core, rx, &loop_shared))
+            .spawn(move || match pool {
+                Some(pool) => pool.install(|| run_loop(core, rx, &loop_shared)),
+                None => run_loop(core, rx, &loop_shared),
+            })
             .map_err(|e| EngineError::Config(format!("cannot spawn the engine thread: {e}")))?;
         Ok(Engine {
             cmd: Mutex::new(tx),
@@ -325,6 +348,20 @@ impl Engine {
     /// False once a runner failure killed the engine (`/health` → 503).
     pub fn is_healthy(&self) -> bool {
         !self.shared.dead.load(Ordering::Acquire)
+    }
+
+    /// Why the engine stopped serving, once it has (`None` while healthy).
+    pub fn failure(&self) -> Option<String> {
+        (!self.is_healthy()).then(|| self.dead_reason())
+    }
+
+    /// Fail the engine as a runner failure would: every request in flight ends with an
+    /// error, later ones get `Dead(reason)`. For failure drills and tests of what serves
+    /// around a dead engine (data-parallel failover, 503 semantics).
+    pub fn inject_failure(&self, reason: impl Into<String>) {
+        if let Some(cmd) = self.sender() {
+            let _ = cmd.send(Command::Fail(reason.into()));
+        }
     }
 
     fn dead_reason(&self) -> String {
@@ -484,6 +521,10 @@ fn run_loop(mut core: EngineCore, rx: Receiver<Command>, shared: &Shared) {
                     publish(&core, shared);
                     return;
                 }
+                Command::Fail(reason) => {
+                    die(&mut core, &mut clients, shared, reason, &rx);
+                    return;
+                }
             }
         }
         if core.has_work() {
@@ -541,6 +582,7 @@ fn die(
             Command::Snapshot(reply) => {
                 let _ = reply.send(core.metrics().clone());
             }
+            Command::Fail(_) => {}
             Command::Shutdown => return,
         }
     }

@@ -121,6 +121,9 @@ pub struct RenderedChat {
     pub generate: GenerateRequest,
     /// The `chatcmpl-…` id the response carries (§1.6), not generate's.
     pub id: String,
+    /// Routes every request of a conversation to one data-parallel engine: the body's
+    /// `session_id` (a server may fill in the `X-Session-ID` header's).
+    pub session: Option<String>,
 }
 
 /// A chat request after the engine ran it, for [`OpenAiServing::derender_chat`].
@@ -139,6 +142,8 @@ pub struct RenderedCompletion {
     pub generate: Vec<GenerateRequest>,
     /// The `cmpl-…` id shared by every prompt's choices.
     pub id: String,
+    /// See [`RenderedChat::session`] (completions carry it only as the header).
+    pub session: Option<String>,
 }
 
 /// A completion request after the engine ran every prompt.
@@ -183,6 +188,7 @@ impl OpenAiServing {
         let generate = self.renderer.render_chat_with_id(&chat, request_id)?;
         Ok(RenderedChat {
             id: generate.request_id.clone(),
+            session: chat.session_id.clone(),
             chat,
             generate,
         })
@@ -195,10 +201,17 @@ impl OpenAiServing {
         r: RenderedChat,
         model: Option<String>,
     ) -> Result<ChunkStream, OpenAiError> {
-        let RenderedChat { chat, generate, id } = r;
+        let RenderedChat {
+            chat,
+            generate,
+            id,
+            session,
+        } = r;
         let prompt_ids = generate.token_ids.clone();
         let n = generate.sampling_params.n.max(1) as usize;
-        let stream = self.engine.generate(generate, None)?;
+        let stream = self
+            .engine
+            .generate_routed(generate, None, session.as_deref())?;
         let mut states: Vec<ChatDerenderStream> = (0..n)
             .map(|i| {
                 self.derenderer
@@ -242,7 +255,7 @@ impl OpenAiServing {
         let prompt_token_ids = r.generate.token_ids.clone();
         let generated = self
             .engine
-            .generate(r.generate, None)?
+            .generate_routed(r.generate, None, r.session.as_deref())?
             .collect_response()
             .await?;
         Ok(GeneratedChat {
@@ -298,6 +311,7 @@ impl OpenAiServing {
             request,
             generate,
             id,
+            session: None,
         })
     }
 
@@ -314,6 +328,7 @@ impl OpenAiServing {
             request,
             generate,
             id,
+            session,
         } = r;
         let created = unix_now();
         let mut streams: Vec<EventStream> = Vec::with_capacity(generate.len());
@@ -341,7 +356,7 @@ impl OpenAiServing {
             states.push(per_prompt);
             streams.push(
                 self.engine
-                    .generate(g, None)?
+                    .generate_routed(g, None, session.as_deref())?
                     .into_events()
                     .map(move |item| (pi, item))
                     .boxed(),
@@ -397,7 +412,11 @@ impl OpenAiServing {
             r.generate.iter().map(|g| g.token_ids.clone()).collect();
         let mut runs = Vec::with_capacity(r.generate.len());
         for g in r.generate {
-            runs.push(self.engine.generate(g, None)?.collect_response());
+            runs.push(
+                self.engine
+                    .generate_routed(g, None, r.session.as_deref())?
+                    .collect_response(),
+            );
         }
         let generated = futures::future::try_join_all(runs).await?;
         Ok(GeneratedCompletion {

@@ -67,190 +67,202 @@ pub fn method_label(method: &axum::http::Method) -> &'static str {
     }
 }
 
-fn labels(model: &str) -> String {
+fn labels(engine: usize, model: &str) -> String {
     format!(
-        "engine=\"0\",model_name=\"{}\"",
+        "engine=\"{engine}\",model_name=\"{}\"",
         model.replace('\\', "\\\\").replace('"', "\\\"")
     )
 }
 
+/// One histogram family: its HELP/TYPE once, then every engine's series.
 fn write_histogram(
     out: &mut String,
     name: &str,
     help: &str,
-    l: &str,
-    h: &aphro_engine::metrics::Histogram,
+    series: &[(String, &aphro_engine::metrics::Histogram)],
 ) {
     use std::fmt::Write;
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    let mut cum = 0u64;
-    for (i, b) in h.bounds.iter().enumerate() {
-        cum += h.counts.get(i).copied().unwrap_or(0);
-        let _ = writeln!(out, "{name}_bucket{{{l},le=\"{b}\"}} {cum}");
-    }
-    let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(
-        out,
-        "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}",
-        h.sum, h.count
-    );
-}
-
-/// Prometheus text for an engine snapshot, under vLLM's metric names and labels.
-pub fn engine_exposition(m: &aphro_engine::metrics::MetricsSnapshot, model: &str) -> String {
-    use std::fmt::Write;
-    let l = labels(model);
-    let mut out = String::new();
-    let mut scalar = |name: &str, kind: &str, help: &str, v: String| {
+    for (l, h) in series {
+        let mut cum = 0u64;
+        for (i, b) in h.bounds.iter().enumerate() {
+            cum += h.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{{l},le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {}", h.count);
         let _ = writeln!(
             out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {v}"
+            "{name}_sum{{{l}}} {}\n{name}_count{{{l}}} {}",
+            h.sum, h.count
         );
-    };
+    }
+}
+
+/// Prometheus text for the engines' snapshots (index = vLLM's `engine` label, one per
+/// data-parallel engine), under vLLM's metric names and labels: each family's HELP/TYPE once,
+/// then a series per engine.
+pub fn engine_exposition(
+    engines: &[aphro_engine::metrics::MetricsSnapshot],
+    model: &str,
+) -> String {
+    use aphro_engine::metrics::{Histogram, MetricsSnapshot};
+    use std::fmt::Write;
+    let labeled: Vec<(String, &MetricsSnapshot)> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (labels(i, model), m))
+        .collect();
+    let mut out = String::new();
+    let mut scalar =
+        |name: &str, kind: &str, help: &str, value: &dyn Fn(&MetricsSnapshot) -> String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (l, m) in &labeled {
+                let _ = writeln!(out, "{name}{{{l}}} {}", value(m));
+            }
+        };
     scalar(
         "vllm:num_requests_running",
         "gauge",
         "Number of requests in model execution batches.",
-        m.num_running.to_string(),
+        &|m| m.num_running.to_string(),
     );
     scalar(
         "vllm:num_requests_waiting",
         "gauge",
         "Number of requests waiting to be processed.",
-        m.num_waiting.to_string(),
+        &|m| m.num_waiting.to_string(),
     );
     scalar(
         "vllm:kv_cache_usage_perc",
         "gauge",
         "KV-cache usage. 1 means 100 percent usage.",
-        m.kv_cache_usage.to_string(),
+        &|m| m.kv_cache_usage.to_string(),
     );
     scalar(
         "vllm:prompt_tokens_total",
         "counter",
         "Number of prefill tokens processed.",
-        m.prompt_tokens_total.to_string(),
+        &|m| m.prompt_tokens_total.to_string(),
     );
     scalar(
         "vllm:generation_tokens_total",
         "counter",
         "Number of generation tokens processed.",
-        m.generation_tokens_total.to_string(),
+        &|m| m.generation_tokens_total.to_string(),
     );
     scalar(
         "vllm:num_preemptions_total",
         "counter",
         "Cumulative number of preemptions from the engine.",
-        m.num_preemptions.to_string(),
+        &|m| m.num_preemptions.to_string(),
     );
     scalar(
         "vllm:prefix_cache_queries_total",
         "counter",
         "Prefix cache queries, in terms of number of queried tokens.",
-        m.prefix_cache_queries.to_string(),
+        &|m| m.prefix_cache_queries.to_string(),
     );
     scalar(
         "vllm:prefix_cache_hits_total",
         "counter",
         "Prefix cache hits, in terms of number of cached tokens.",
-        m.prefix_cache_hits.to_string(),
+        &|m| m.prefix_cache_hits.to_string(),
     );
     let _ = writeln!(out, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
     // Every label value exists from the start, at 0, as vLLM creates one child per
     // `FinishReason` up front: a rate() over a reason that has not happened yet still works.
     const FINISH_REASONS: [&str; 5] = ["stop", "length", "abort", "error", "repetition"];
-    let extra = m
-        .request_success
-        .keys()
-        .filter(|k| !FINISH_REASONS.contains(k))
-        .copied();
-    for reason in FINISH_REASONS.into_iter().chain(extra) {
-        let n = m.request_success.get(reason).copied().unwrap_or(0);
-        let _ = writeln!(
-            out,
-            "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {n}"
-        );
+    for (l, m) in &labeled {
+        let extra = m
+            .request_success
+            .keys()
+            .filter(|k| !FINISH_REASONS.contains(k))
+            .copied();
+        for reason in FINISH_REASONS.into_iter().chain(extra) {
+            let n = m.request_success.get(reason).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {n}"
+            );
+        }
     }
-    write_histogram(
-        &mut out,
-        "vllm:time_to_first_token_seconds",
-        "Histogram of time to first token in seconds.",
-        &l,
-        &m.time_to_first_token,
-    );
-    write_histogram(
-        &mut out,
-        "vllm:inter_token_latency_seconds",
-        "Histogram of inter-token latency in seconds.",
-        &l,
-        &m.inter_token_latency,
-    );
-    write_histogram(
-        &mut out,
-        "vllm:e2e_request_latency_seconds",
-        "Histogram of e2e request latency in seconds.",
-        &l,
-        &m.e2e_request_latency,
-    );
-    let histograms = [
+    type Pick = fn(&MetricsSnapshot) -> &Histogram;
+    let histograms: [(&str, &str, Pick); 14] = [
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            |m| &m.time_to_first_token,
+        ),
+        (
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            |m| &m.inter_token_latency,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            |m| &m.e2e_request_latency,
+        ),
         (
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            &m.request_queue_time,
+            |m| &m.request_queue_time,
         ),
         (
             "vllm:request_inference_time_seconds",
             "Histogram of time spent in RUNNING phase for request.",
-            &m.request_inference_time,
+            |m| &m.request_inference_time,
         ),
         (
             "vllm:request_prefill_time_seconds",
             "Histogram of time spent in PREFILL phase for request.",
-            &m.request_prefill_time,
+            |m| &m.request_prefill_time,
         ),
         (
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
-            &m.request_decode_time,
+            |m| &m.request_decode_time,
         ),
         (
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
-            &m.request_time_per_output_token,
+            |m| &m.request_time_per_output_token,
         ),
         (
             "vllm:iteration_tokens_total",
             "Histogram of number of tokens per engine_step.",
-            &m.iteration_tokens,
+            |m| &m.iteration_tokens,
         ),
         (
             "vllm:request_prompt_tokens",
             "Number of prefill tokens processed.",
-            &m.request_prompt_tokens,
+            |m| &m.request_prompt_tokens,
         ),
         (
             "vllm:request_generation_tokens",
             "Number of generation tokens processed.",
-            &m.request_generation_tokens,
+            |m| &m.request_generation_tokens,
         ),
         (
             "vllm:request_max_num_generation_tokens",
             "Histogram of maximum number of requested generation tokens.",
-            &m.request_max_num_generation_tokens,
+            |m| &m.request_max_num_generation_tokens,
         ),
         (
             "vllm:request_params_max_tokens",
             "Histogram of the max_tokens request parameter.",
-            &m.request_params_max_tokens,
+            |m| &m.request_params_max_tokens,
         ),
         (
             "vllm:request_params_n",
             "Histogram of the n request parameter.",
-            &m.request_params_n,
+            |m| &m.request_params_n,
         ),
     ];
-    for (name, help, h) in histograms {
-        write_histogram(&mut out, name, help, &l, h);
+    for (name, help, pick) in histograms {
+        let series: Vec<(String, &Histogram)> =
+            labeled.iter().map(|(l, m)| (l.clone(), pick(m))).collect();
+        write_histogram(&mut out, name, help, &series);
     }
     out
 }
@@ -272,7 +284,7 @@ mod tests {
         m.request_success.insert("stop", 3);
         m.time_to_first_token.observe(0.03);
         m.time_to_first_token.observe(0.5);
-        let text = engine_exposition(&m, "smollm2");
+        let text = engine_exposition(std::slice::from_ref(&m), "smollm2");
         assert!(
             text.contains("vllm:num_requests_running{engine=\"0\",model_name=\"smollm2\"} 2"),
             "{text}"
@@ -291,6 +303,38 @@ mod tests {
         assert!(text.contains(
             "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"smollm2\"} 2"
         ));
+    }
+
+    /// Two data-parallel engines: one HELP/TYPE per family (a second one is invalid
+    /// exposition), a series per engine under its own `engine` label.
+    #[test]
+    fn each_engine_has_its_series_under_one_family_header() {
+        let a = MetricsSnapshot {
+            num_running: 1,
+            ..MetricsSnapshot::default()
+        };
+        let b = MetricsSnapshot {
+            num_running: 4,
+            ..MetricsSnapshot::default()
+        };
+        let text = engine_exposition(&[a, b], "m");
+        assert_eq!(
+            text.matches("# TYPE vllm:num_requests_running gauge")
+                .count(),
+            1
+        );
+        assert_eq!(
+            text.matches("# TYPE vllm:time_to_first_token_seconds histogram")
+                .count(),
+            1
+        );
+        assert!(text.contains("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 1"));
+        assert!(text.contains("vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 4"));
+        assert!(text.contains(
+            "vllm:request_success_total{engine=\"1\",model_name=\"m\",finished_reason=\"stop\"} 0"
+        ));
+        assert!(text
+            .contains("vllm:e2e_request_latency_seconds_count{engine=\"1\",model_name=\"m\"} 0"));
     }
 
     #[test]

@@ -970,3 +970,106 @@ fn server_builder_mounts_under_a_base_path() {
         .build()
         .is_err());
 }
+
+/// Engine failure semantics through the server (an injected failure standing in for a
+/// device error): with `--data-parallel-size 2` one failed engine leaves the server serving;
+/// once both failed, `/health` and every route that needs an engine answer 503 with an
+/// OpenAI error body naming the reason, and `/metrics` shows both engines.
+#[test]
+fn failed_engines_give_503_with_the_reason_on_every_route() {
+    use aphro_engine::serving::{MaxModelLen, ServingConfig};
+    use aphro_http::server::Server;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let call = |app: axum::Router, method: &str, path: &str, body: Option<Value>| {
+        rt.block_on(async move {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header("content-type", "application/json")
+                .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+                .expect("request");
+            let resp = app.oneshot(req).await.expect("response");
+            let status = resp.status().as_u16();
+            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        })
+    };
+    let server = Server::builder()
+        .model(gguf())
+        .served_model_name("smol")
+        .engine(ServingConfig {
+            kv_cache_memory: Some(16 << 20),
+            max_model_len: MaxModelLen::Auto,
+            max_num_seqs: 4,
+            data_parallel_size: 2,
+            ..ServingConfig::default()
+        })
+        .enable_scale_out(true)
+        .build()
+        .expect("builds");
+    let app = server.router();
+    let chat = json!({"model": "smol", "max_tokens": 2, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Hi"}]});
+    let (_, metrics) = call(app.clone(), "GET", "/metrics", None);
+    for engine in ["0", "1"] {
+        assert!(
+            metrics.contains(&format!(
+                "vllm:num_requests_running{{engine=\"{engine}\",model_name=\"smol\"}}"
+            )),
+            "{metrics}"
+        );
+    }
+    let serving = server.state().engine.clone().expect("engine");
+    let engines: Vec<_> = serving.engines().collect();
+    engines[0].inject_failure("injected: CUDA error: an illegal memory access");
+    wait_until("engine 0 fails", || !engines[0].is_healthy());
+    assert_eq!(call(app.clone(), "GET", "/health", None).0, 200);
+    let (status, body) = call(
+        app.clone(),
+        "POST",
+        "/v1/chat/completions",
+        Some(chat.clone()),
+    );
+    assert_eq!(status, 200, "the healthy engine serves: {body}");
+
+    engines[1].inject_failure("injected: device lost");
+    wait_until("engine 1 fails", || !engines[1].is_healthy());
+    let (status, body) = call(app.clone(), "GET", "/health", None);
+    assert_eq!(status, 503);
+    assert!(
+        body.contains("illegal memory access") && body.contains("device lost"),
+        "{body}"
+    );
+    let generate = json!({"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}});
+    let completion = json!({"model": "smol", "prompt": "Hi", "max_tokens": 2});
+    let messages = json!({"model": "smol", "max_tokens": 2,
+                          "messages": [{"role": "user", "content": "Hi"}]});
+    for (path, body) in [
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", completion),
+        ("/inference/v1/generate", generate),
+        ("/v1/messages", messages),
+    ] {
+        let (status, text) = call(app.clone(), "POST", path, Some(body));
+        assert_eq!(status, 503, "{path}: {text}");
+        let v = json(&text);
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("device lost")),
+            "{path}: {text}"
+        );
+        if path == "/v1/messages" {
+            // Anthropic's envelope: `{"type": "error", "error": {"type", "message"}}`.
+            assert_eq!(v["type"], "error", "{path}");
+        } else {
+            assert_eq!(v["error"]["code"], 503, "{path}");
+        }
+    }
+}

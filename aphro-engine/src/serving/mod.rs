@@ -98,6 +98,10 @@ pub struct ServingConfig {
     pub prefix_caching_hash_algo: crate::kv::HashAlgo,
     /// `--kv-events-config` (`endpoints.md §4.1`); `None`: no KV events.
     pub kv_events_config: Option<crate::kv_publisher::KvEventsConfig>,
+    /// `--data-parallel-size`: engines behind this front end, each with its own KV pool,
+    /// scheduler and (on the CPU) share of the cores. Requests are routed by
+    /// [`ServingEngine::generate_routed`]'s rules.
+    pub data_parallel_size: usize,
 }
 
 /// vLLM's `--max-model-len`: how long a sequence the server accepts.
@@ -202,6 +206,7 @@ impl Default for ServingConfig {
             override_generation_config: Map::new(),
             prefix_caching_hash_algo: e.prefix_caching_hash_algo,
             kv_events_config: None,
+            data_parallel_size: 1,
         }
     }
 }
@@ -306,8 +311,16 @@ impl OutputMode {
 }
 
 /// The engine behind `/inference/v1/generate`. All methods take `&self`; share it in an `Arc`.
+///
+/// With `--data-parallel-size N` it fronts N engines ([`Replica`]s) and routes each request:
+/// a session id pins a conversation to one engine; otherwise the engine whose earlier prompts
+/// share the longest prefix with this one wins (its prefix cache likely holds it), ties going
+/// to the least loaded; an engine that failed is taken out, and with none left requests get
+/// `503` with the reason.
 pub struct ServingEngine {
-    engine: Engine,
+    replicas: Vec<Replica>,
+    /// Session id → the engine its conversation lives on.
+    sessions: Mutex<SessionTable>,
     /// The tokenizer-side model (tokenizer, chat template, generation defaults) as loaded
     /// here, for a renderer and derenderer of the same process to share.
     model: Option<Arc<Model>>,
@@ -322,33 +335,113 @@ pub struct ServingEngine {
     model_path: PathBuf,
     scheduling_policy: SchedulingPolicy,
     limits: aphro_core::RequestLimits,
-    /// Wire id (`generate-tokens-<client id>`) → the engine ids of the requests running
-    /// under it. Clients may reuse an id; each request still gets its own engine id, and an
-    /// abort by the wire id reaches all of them.
+    /// Wire id (`generate-tokens-<client id>`) → the (engine, engine id) of the requests
+    /// running under it. Clients may reuse an id; each request still gets its own engine id,
+    /// and an abort by the wire id reaches all of them.
     in_flight: Arc<InFlight>,
     next_serial: std::sync::atomic::AtomicU64,
     /// Structured outputs: built on the first constrained request (a token trie over the
     /// whole vocabulary costs tens of milliseconds; servers that never see one skip it).
     grammar_compiler: std::sync::OnceLock<Result<Arc<GrammarCompiler>, String>>,
-    /// Publishes the engine's KV-cache events (`--kv-events-config`); declared after
-    /// `engine` so the engine's last batches are queued before the publisher stops.
+}
+
+/// One data-parallel engine and what routing knows about it.
+struct Replica {
+    engine: Engine,
+    /// Requests running on it now (streams not yet finished or dropped).
+    load: Arc<std::sync::atomic::AtomicUsize>,
+    /// Block keys of the prompts routed to it ([`prefix_keys`]).
+    sent: Mutex<SentPrefixes>,
+    /// Publishes this engine's KV-cache events (`--kv-events-config`, rank = its index);
+    /// declared after `engine` so the engine's last batches are queued before it stops.
     _kv_publisher: Option<crate::kv_publisher::KvEventPublisher>,
 }
 
-type InFlight = Mutex<HashMap<String, Vec<String>>>;
+/// Tokens per routing key: one key per full block of this many prompt tokens.
+const ROUTE_BLOCK: usize = 16;
+/// Keys remembered per engine; the oldest are forgotten first.
+const MAX_SENT_KEYS: usize = 1 << 20;
+/// Sessions remembered; the oldest are forgotten first (a forgotten session is routed
+/// afresh, by prefix, which usually finds the same engine).
+const MAX_SESSIONS: usize = 1 << 16;
 
-/// Removes one engine id from [`ServingEngine::in_flight`] when its stream is dropped.
+/// The chained block keys of a prompt: key `i` covers tokens `..(i+1)*ROUTE_BLOCK` (and the
+/// cache salt), so a shared key means a shared prefix up to that block.
+fn prefix_keys(tokens: &[u32], salt: Option<&str>) -> Vec<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut keys = Vec::with_capacity(tokens.len() / ROUTE_BLOCK);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    salt.hash(&mut h);
+    for block in tokens.chunks_exact(ROUTE_BLOCK) {
+        block.hash(&mut h);
+        keys.push(h.finish());
+    }
+    keys
+}
+
+#[derive(Default)]
+struct SentPrefixes {
+    keys: HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl SentPrefixes {
+    /// How many leading keys of a prompt this engine has been sent before.
+    fn matched(&self, keys: &[u64]) -> usize {
+        keys.iter().take_while(|k| self.keys.contains(k)).count()
+    }
+
+    fn record(&mut self, keys: &[u64]) {
+        for &k in keys {
+            if self.keys.insert(k) {
+                self.order.push_back(k);
+            }
+        }
+        while self.order.len() > MAX_SENT_KEYS {
+            if let Some(k) = self.order.pop_front() {
+                self.keys.remove(&k);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct SessionTable {
+    home: HashMap<String, usize>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl SessionTable {
+    fn pin(&mut self, session: &str, replica: usize) {
+        if self.home.insert(session.to_owned(), replica).is_none() {
+            self.order.push_back(session.to_owned());
+        }
+        while self.order.len() > MAX_SESSIONS {
+            if let Some(s) = self.order.pop_front() {
+                self.home.remove(&s);
+            }
+        }
+    }
+}
+
+type InFlight = Mutex<HashMap<String, Vec<(usize, String)>>>;
+
+/// Removes one engine id from [`ServingEngine::in_flight`] (and its engine's load) when its
+/// stream is dropped.
 struct InFlightEntry {
     table: Arc<InFlight>,
     wire_id: String,
+    replica: usize,
     engine_id: String,
+    load: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Drop for InFlightEntry {
     fn drop(&mut self) {
+        self.load.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut t) = self.table.lock() {
             if let Some(ids) = t.get_mut(&self.wire_id) {
-                ids.retain(|i| i != &self.engine_id);
+                ids.retain(|(r, i)| !(*r == self.replica && i == &self.engine_id));
                 if ids.is_empty() {
                     t.remove(&self.wire_id);
                 }
@@ -434,17 +527,26 @@ impl ServingEngine {
             Some(_) => 0,
             None => cfg.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_BYTES),
         };
-        let runner = load_runner(&ModelLoadConfig {
-            model_path: model_path.clone(),
-            dtype: cfg.dtype,
-            cache_bytes,
-            min_cache_tokens,
-            block_size: cfg.block_size,
-            quiet: false,
-            device: cfg.device,
-            kv_cache_dtype: cfg.kv_cache_dtype,
-        })
-        .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))?;
+        let dp = cfg.data_parallel_size;
+        if dp == 0 {
+            return Err(ServingError::Load(
+                "--data-parallel-size must be at least 1".into(),
+            ));
+        }
+        let load = || {
+            load_runner(&ModelLoadConfig {
+                model_path: model_path.clone(),
+                dtype: cfg.dtype,
+                cache_bytes,
+                min_cache_tokens,
+                block_size: cfg.block_size,
+                quiet: false,
+                device: cfg.device,
+                kv_cache_dtype: cfg.kv_cache_dtype,
+            })
+            .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))
+        };
+        let runner = load()?;
         let max_model_len = served_len(&cfg, runner.as_ref())?;
         // The tokenizer side: required for text mode; a tokens-only server still reads
         // generation_config defaults when it can.
@@ -464,35 +566,55 @@ impl ServingEngine {
             Err(_) => None,
         };
         let runner_eos = runner.info().eos_token_ids.clone();
-        let (kv_publisher, kv_events) = match &cfg.kv_events_config {
-            Some(kc) if kc.publishes() => {
-                if !cfg.enable_prefix_caching {
-                    tracing::warn!(
-                        "KV cache events are enabled but prefix caching is not: no blocks are \
-                         cached, so only resets are reported"
-                    );
+        // Data parallelism on the CPU: each engine gets its share of the cores (vLLM runs
+        // one engine per device; here the device is the core set).
+        let num_threads = (dp > 1).then(|| (rayon::current_num_threads() / dp).max(1));
+        let mut replicas = Vec::with_capacity(dp);
+        let mut runner = Some(runner);
+        for rank in 0..dp {
+            let runner = match runner.take() {
+                Some(r) => r,
+                None => load()?,
+            };
+            let (kv_publisher, kv_events) = match &cfg.kv_events_config {
+                Some(kc) if kc.publishes() => {
+                    if !cfg.enable_prefix_caching && rank == 0 {
+                        tracing::warn!(
+                            "KV cache events are enabled but prefix caching is not: no blocks \
+                             are cached, so only resets are reported"
+                        );
+                    }
+                    let rank = u16::try_from(rank)
+                        .map_err(|_| ServingError::Load("too many data-parallel ranks".into()))?;
+                    let (p, sink) = crate::kv_publisher::KvEventPublisher::start(kc, rank)
+                        .map_err(ServingError::Load)?;
+                    (Some(p), Some(sink))
                 }
-                let (p, sink) = crate::kv_publisher::KvEventPublisher::start(kc, 0)
-                    .map_err(ServingError::Load)?;
-                (Some(p), Some(sink))
-            }
-            _ => (None, None),
-        };
-        let engine = Engine::new(
-            runner,
-            EngineConfig {
-                max_num_batched_tokens: cfg.max_num_batched_tokens,
-                max_num_seqs: cfg.max_num_seqs,
-                enable_prefix_caching: cfg.enable_prefix_caching,
-                max_model_len: Some(max_model_len),
-                max_logprobs: cfg.max_logprobs,
-                seed: cfg.seed,
-                long_prefill_token_threshold: cfg.long_prefill_token_threshold,
-                prefill_pacing_ratio: cfg.prefill_pacing_ratio,
-                prefix_caching_hash_algo: cfg.prefix_caching_hash_algo,
-                kv_events,
-            },
-        )?;
+                _ => (None, None),
+            };
+            let engine = Engine::new(
+                runner,
+                EngineConfig {
+                    max_num_batched_tokens: cfg.max_num_batched_tokens,
+                    max_num_seqs: cfg.max_num_seqs,
+                    enable_prefix_caching: cfg.enable_prefix_caching,
+                    max_model_len: Some(max_model_len),
+                    max_logprobs: cfg.max_logprobs,
+                    seed: cfg.seed,
+                    long_prefill_token_threshold: cfg.long_prefill_token_threshold,
+                    prefill_pacing_ratio: cfg.prefill_pacing_ratio,
+                    prefix_caching_hash_algo: cfg.prefix_caching_hash_algo,
+                    kv_events,
+                    num_threads,
+                },
+            )?;
+            replicas.push(Replica {
+                engine,
+                load: Arc::default(),
+                sent: Mutex::default(),
+                _kv_publisher: kv_publisher,
+            });
+        }
         let (tokenizer, defaults, extra_eos) = match &core_model {
             Some(m) => {
                 let extra: Vec<u32> = m
@@ -508,7 +630,8 @@ impl ServingEngine {
             None => (None, GenerationDefaults::default(), Vec::new()),
         };
         Ok(Self {
-            engine,
+            replicas,
+            sessions: Mutex::default(),
             model: core_model.map(Arc::new),
             tokenizer,
             defaults,
@@ -523,12 +646,17 @@ impl ServingEngine {
             in_flight: Arc::default(),
             next_serial: Default::default(),
             grammar_compiler: std::sync::OnceLock::new(),
-            _kv_publisher: kv_publisher,
         })
     }
 
+    /// The first engine (the only one without data parallelism).
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.replicas[0].engine
+    }
+
+    /// Every engine, in rank order (`--data-parallel-size`).
+    pub fn engines(&self) -> impl Iterator<Item = &Engine> {
+        self.replicas.iter().map(|r| &r.engine)
     }
 
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
@@ -551,7 +679,7 @@ impl ServingEngine {
     }
 
     pub fn max_model_len(&self) -> usize {
-        self.engine.max_model_len()
+        self.engine().max_model_len()
     }
 
     pub fn generation_defaults(&self) -> &GenerationDefaults {
@@ -569,8 +697,8 @@ impl ServingEngine {
                 .ok()
                 .and_then(|t| t.get(id.as_ref()).cloned())
                 .unwrap_or_default();
-            for engine_id in engine_ids {
-                self.engine.abort(&engine_id);
+            for (replica, engine_id) in engine_ids {
+                self.replicas[replica].engine.abort(&engine_id);
             }
         }
     }
@@ -583,24 +711,109 @@ impl ServingEngine {
             .unwrap_or(0)
     }
 
-    /// Metrics as of the last engine step (for `/metrics`).
+    /// Metrics as of the last engine step (for `/metrics`), of the first engine; see
+    /// [`Self::metrics_per_engine`].
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.engine.metrics()
+        self.engine().metrics()
+    }
+
+    /// Each engine's metrics as of its last step, in rank order (vLLM's `engine` label).
+    pub fn metrics_per_engine(&self) -> Vec<MetricsSnapshot> {
+        self.engines().map(Engine::metrics).collect()
     }
 
     /// Metrics after every earlier call (aborts included) took effect.
     pub fn metrics_synced(&self) -> MetricsSnapshot {
-        self.engine.metrics_synced()
+        self.engine().metrics_synced()
     }
 
-    /// False once a model failure killed the engine (`/health` → 503).
+    /// False once no engine is left to serve: a model failure killed every one (`/health`
+    /// → 503). With data parallelism the rest serve while at least one is healthy.
     pub fn is_healthy(&self) -> bool {
-        self.engine.is_healthy()
+        self.engines().any(Engine::is_healthy)
     }
 
-    /// Abort everything in flight and stop the engine thread.
+    /// Why the server cannot serve (every engine failed), for `/health` and 503 bodies.
+    pub fn failure(&self) -> Option<String> {
+        if self.is_healthy() {
+            return None;
+        }
+        let reasons: Vec<String> = self.engines().filter_map(Engine::failure).collect();
+        Some(match reasons.as_slice() {
+            [one] => one.clone(),
+            many => many
+                .iter()
+                .enumerate()
+                .map(|(i, r)| format!("engine {i}: {r}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        })
+    }
+
+    /// Abort everything in flight and stop the engine threads.
     pub fn shutdown(&self) {
-        self.engine.shutdown();
+        for e in self.engines() {
+            e.shutdown();
+        }
+    }
+
+    /// Which engine serves a prompt (see [`ServingEngine`]): the session's engine when it
+    /// has one and that engine is healthy; else the healthy engine with the longest
+    /// previously sent prefix in common, ties to the least loaded (then the lowest rank).
+    fn route(
+        &self,
+        tokens: &[u32],
+        salt: Option<&str>,
+        session: Option<&str>,
+    ) -> Result<usize, ServingError> {
+        use std::sync::atomic::Ordering;
+        let healthy: Vec<usize> = (0..self.replicas.len())
+            .filter(|&i| self.replicas[i].engine.is_healthy())
+            .collect();
+        if healthy.is_empty() {
+            let reason = self
+                .failure()
+                .unwrap_or_else(|| "no engine is serving".into());
+            return Err(ServingError::Engine(EngineError::Dead(reason)));
+        }
+        if self.replicas.len() == 1 {
+            return Ok(0);
+        }
+        let keys = prefix_keys(tokens, salt);
+        let by_prefix = || {
+            let matched: Vec<(usize, usize)> = healthy
+                .iter()
+                .map(|&i| {
+                    let m = self.replicas[i].sent.lock().map_or(0, |s| s.matched(&keys));
+                    (i, m)
+                })
+                .collect();
+            let best = matched.iter().map(|&(_, m)| m).max().unwrap_or(0);
+            matched
+                .into_iter()
+                .filter(|&(_, m)| m == best)
+                .map(|(i, _)| i)
+                .min_by_key(|&i| (self.replicas[i].load.load(Ordering::Relaxed), i))
+                .unwrap_or(healthy[0])
+        };
+        let pick = match session {
+            Some(s) => {
+                let mut table = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+                match table.home.get(s) {
+                    Some(&i) if healthy.contains(&i) => i,
+                    _ => {
+                        let i = by_prefix();
+                        table.pin(s, i);
+                        i
+                    }
+                }
+            }
+            None => by_prefix(),
+        };
+        if let Ok(mut sent) = self.replicas[pick].sent.lock() {
+            sent.record(&keys);
+        }
+        Ok(pick)
     }
 
     /// Decode a JSON body into a `GenerateRequest` (structural errors → 400 "Bad Request").
@@ -679,6 +892,18 @@ impl ServingEngine {
         req: GenerateRequest,
         x_request_id: Option<&str>,
     ) -> Result<ServingStream, ServingError> {
+        self.generate_routed(req, x_request_id, None)
+    }
+
+    /// [`Self::generate`] with a session id (the body's `session_id` or the `X-Session-ID`
+    /// header the vLLM router sends): with data parallelism, every request of a session runs
+    /// on one engine.
+    pub fn generate_routed(
+        &self,
+        req: GenerateRequest,
+        x_request_id: Option<&str>,
+        session: Option<&str>,
+    ) -> Result<ServingStream, ServingError> {
         let mut req = req;
         // Request-model validation (pydantic + SamplingParams), before the handler.
         let mode = OutputMode::parse(&req.output_mode).ok_or_else(|| {
@@ -734,7 +959,7 @@ impl ServingEngine {
             .next_serial
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let engine_id = format!("{request_id}-{serial:x}");
-        let max_num_seqs = self.engine.max_num_seqs();
+        let max_num_seqs = self.engine().max_num_seqs();
         if sp.n > max_num_seqs as i64 {
             return Err(ServingError::bad_request(format!(
                 "sampling_params.n must be at most the server's max_num_seqs ({max_num_seqs}), \
@@ -808,7 +1033,7 @@ impl ServingEngine {
             }));
         }
         let prompt_len = req.token_ids.len();
-        let max_model_len = self.engine.max_model_len();
+        let max_model_len = self.engine().max_model_len();
         if prompt_len > max_model_len {
             return Err(aphro_core::Error::PromptTooLong {
                 prompt_len,
@@ -831,7 +1056,7 @@ impl ServingEngine {
             priority: req.priority,
             cache_salt: req.cache_salt.clone(),
         };
-        self.engine.validate(&ereq)?;
+        self.engine().validate(&ereq)?;
 
         // Stop strings end a request in every output mode that has a tokenizer: in tokens
         // mode (the integrated OpenAI routes, disaggregated generate) the text is decoded
@@ -857,16 +1082,23 @@ impl ServingEngine {
             .map(|_| ChoiceState::new(text_spec.clone(), &req.token_ids, sp.logprobs))
             .collect();
         let opts = req.stream_options.unwrap_or_default();
-        let inner = self.engine.generate(ereq);
+        let replica = self.route(&ereq.prompt_token_ids, ereq.cache_salt.as_deref(), session)?;
+        let target = &self.replicas[replica];
+        let inner = target.engine.generate(ereq);
         if let Ok(mut t) = self.in_flight.lock() {
             t.entry(request_id.clone())
                 .or_default()
-                .push(engine_id.clone());
+                .push((replica, engine_id.clone()));
         }
+        target
+            .load
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let registration = InFlightEntry {
             table: Arc::clone(&self.in_flight),
             wire_id: request_id.clone(),
+            replica,
             engine_id,
+            load: Arc::clone(&target.load),
         };
         Ok(ServingStream {
             _registration: registration,
@@ -1005,7 +1237,7 @@ impl ServingEngine {
             ));
         };
         let compiler = self.grammar_compiler.get_or_init(|| {
-            let info = self.engine.model_info();
+            let info = self.engine().model_info();
             let mut eos = info.eos_token_ids.clone();
             eos.extend(
                 self.extra_eos

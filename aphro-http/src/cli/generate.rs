@@ -102,7 +102,8 @@ pub struct EngineArgs {
     #[arg(long, default_value = "fcfs")]
     pub scheduling_policy: aphro_engine::serving::SchedulingPolicy,
     /// How prefix-cache block hashes are computed, as vLLM does: `sha256` (pickle, vLLM's
-    /// default) or `sha256_cbor` (portable). `NONE_HASH` comes from `PYTHONHASHSEED`.
+    /// default) or `sha256_cbor` (portable). `NONE_HASH` hashes `PYTHONHASHSEED`, or vLLM's
+    /// fixed seed when it is unset.
     #[arg(long, default_value = "sha256")]
     pub prefix_caching_hash_algo: aphro_engine::kv::HashAlgo,
     /// vLLM's KV-cache events config as JSON, e.g. `{"enable_kv_cache_events":true,
@@ -111,6 +112,12 @@ pub struct EngineArgs {
     #[arg(long)]
     /// (Parsed at start-up into `KvEventsConfig`; an invalid one is a start-up error.)
     pub kv_events_config: Option<String>,
+    /// Engines behind this server, each with its own KV cache, scheduler and share of the
+    /// CPU cores. Requests of one session (`session_id`, `X-Session-ID`) stay on one engine;
+    /// others go to the engine that saw the longest prefix of the prompt, then the least
+    /// loaded. KV events of engine `r` go to the endpoint's port + r.
+    #[arg(long, default_value_t = 1)]
+    pub data_parallel_size: usize,
 }
 
 impl EngineArgs {
@@ -179,6 +186,7 @@ impl EngineArgs {
                 .map(str::parse)
                 .transpose()
                 .map_err(anyhow::Error::msg)?,
+            data_parallel_size: self.data_parallel_size,
             ..ServingConfig::default()
         })
     }

@@ -32,10 +32,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
 ))]
 async fn health(State(state): State<AppState>) -> Response {
     if let Some(engine) = &state.engine {
-        if !engine.is_healthy() {
+        if let Some(reason) = engine.failure() {
             state
                 .health
-                .mark_dead("the engine failed and stopped serving");
+                .mark_dead(format!("the engine failed and stopped serving: {reason}"));
         }
     }
     match state.health.fatal_reason() {
@@ -192,7 +192,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
             .first()
             .map(String::as_str)
             .unwrap_or("");
-        text.push_str(&crate::metrics::engine_exposition(&engine.metrics(), name));
+        text.push_str(&crate::metrics::engine_exposition(
+            &engine.metrics_per_engine(),
+            name,
+        ));
     }
     ([(header::CONTENT_TYPE, TEXT_CONTENT_TYPE)], text).into_response()
 }

@@ -32,6 +32,54 @@ pub fn routes(tokens_only: bool) -> OpenApiRouter<AppState> {
     r
 }
 
+/// vLLM's development routes that touch the engine, mounted only when `VLLM_SERVER_DEV_MODE=1`
+/// as in vLLM (`vllm/entrypoints/serve/dev/cache/api_router.py`): `POST /reset_prefix_cache`.
+pub fn dev_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(reset_prefix_cache))
+}
+
+/// Whether vLLM's development routes are on (`VLLM_SERVER_DEV_MODE`, read as vLLM reads it:
+/// an integer, non-zero = on).
+pub fn dev_mode() -> bool {
+    std::env::var("VLLM_SERVER_DEV_MODE")
+        .ok()
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .is_some_and(|v| v != 0)
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+struct ResetPrefixCacheQuery {
+    /// Preempt running requests to free their blocks first (not supported: a reset waits
+    /// until no request holds blocks).
+    #[serde(default)]
+    reset_running_requests: bool,
+    /// Also reset a connector-managed cache (aphro has none, so nothing more to reset).
+    #[serde(default)]
+    reset_external: bool,
+}
+
+/// Drop every cached prefix; `{"success": false}` while requests hold blocks (retry later).
+/// With KV events on, subscribers get an `AllBlocksCleared`.
+#[utoipa::path(post, path = "/reset_prefix_cache", tag = "dev", params(ResetPrefixCacheQuery),
+    responses((status = 200, description = "`{\"success\": bool}`")))]
+async fn reset_prefix_cache(
+    State(state): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<ResetPrefixCacheQuery>,
+) -> Result<Response, ApiError> {
+    let engine = Arc::clone(engine(&state)?);
+    if q.reset_running_requests {
+        return Err(ApiError::bad_request(
+            "reset_running_requests=true is not supported: the prefix cache is reset once no \
+             request holds blocks (retry while success is false)",
+        ));
+    }
+    let _ = q.reset_external;
+    let success = tokio::task::spawn_blocking(move || engine.engine().reset_prefix_cache())
+        .await
+        .unwrap_or(false);
+    Ok(axum::Json(serde_json::json!({ "success": success })).into_response())
+}
+
 impl From<ServingError> for ApiError {
     fn from(e: ServingError) -> Self {
         e.to_error_response().into()
@@ -46,13 +94,10 @@ pub(crate) fn engine(state: &AppState) -> Result<&Arc<ServingEngine>, ApiError> 
     if let Some(reason) = state.health.fatal_reason() {
         return Err(ApiError::unavailable(reason));
     }
-    if !engine.is_healthy() {
-        state
-            .health
-            .mark_dead("the engine failed and stopped serving");
-        return Err(ApiError::unavailable(
-            "the engine failed and stopped serving",
-        ));
+    if let Some(reason) = engine.failure() {
+        let reason = format!("the engine failed and stopped serving: {reason}");
+        state.health.mark_dead(&reason);
+        return Err(ApiError::unavailable(reason));
     }
     Ok(engine)
 }
@@ -108,7 +153,8 @@ async fn generate(
         return super::openai::generate_derender(&state, &engine, req, header_request_id(&headers))
             .await;
     }
-    let stream = engine.generate(req, header_request_id(&headers))?;
+    let session = super::openai::header_session_id(&headers);
+    let stream = engine.generate_routed(req, header_request_id(&headers), session.as_deref())?;
     tracing::info!(request_id = %stream.request_id(), "generate");
     if streaming {
         let events = stream

@@ -263,7 +263,12 @@ fn role_routes(
     let mut app = common::routes();
     match role {
         Role::Render => app = app.merge(render::routes()).merge(anthropic::count_routes()),
-        Role::TokensOnly => app = app.merge(engine::routes(true)),
+        Role::TokensOnly => {
+            app = app.merge(engine::routes(true));
+            if engine::dev_mode() {
+                app = app.merge(engine::dev_routes());
+            }
+        }
         Role::Pooling => app = app.merge(pooling::routes(pooling_routes)),
         Role::Full => {
             app = app
@@ -273,6 +278,9 @@ fn role_routes(
                 .merge(anthropic::count_routes());
             if kobold {
                 app = app.merge(self::kobold::routes());
+            }
+            if engine::dev_mode() {
+                app = app.merge(engine::dev_routes());
             }
             if scale_out {
                 app = app

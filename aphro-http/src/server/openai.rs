@@ -32,6 +32,16 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(completions))
 }
 
+/// The `X-Session-ID` header the vLLM router's session affinity sends: with data
+/// parallelism, a conversation's requests stay on one engine.
+pub(crate) fn header_session_id(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
 fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(e.to_string())
 }
@@ -88,6 +98,10 @@ async fn chat_completions(
             s.render_chat(chat, id.as_deref())
         })
         .await?;
+    let mut rendered = rendered;
+    if rendered.session.is_none() {
+        rendered.session = header_session_id(&headers);
+    }
     tracing::info!(request_id = %rendered.id, prompt_tokens = rendered.generate.token_ids.len(), stream, "chat completion");
     if stream {
         let model = state.resolve_model(rendered.chat.model.as_deref()).ok();
@@ -135,6 +149,8 @@ async fn completions(
             s.render_completion(req, id.as_deref())
         })
         .await?;
+    let mut rendered = rendered;
+    rendered.session = header_session_id(&headers);
     if stream {
         let model = state.resolve_model(rendered.request.model.as_deref())?;
         let chunks = serving.stream_completion(rendered, model)?;
