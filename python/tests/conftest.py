@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,7 +56,7 @@ SMOL = "smol"
 SERVE_FLAGS = ["--kv-cache-memory", "33554432", "--max-model-len", "auto", "--max-num-seqs", "8"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -67,6 +68,14 @@ def _free_port() -> int:
 def aphro_server(*args: str):
     """Runs the Rust binary (`APHRO_BIN`) as `aphro ARGS --port P` until the block ends and
     yields its base URL once `/health` answers; skips when the binary is not built."""
+    with aphro_process(*args) as (base, _proc):
+        yield base
+
+
+@contextlib.contextmanager
+def aphro_process(*args: str, env: dict | None = None, port: int | None = None):
+    """`aphro_server`, yielding `(base URL, Popen)` so a test can kill the server, with
+    extra environment variables."""
     import httpx
 
     import aphro.cli
@@ -74,18 +83,22 @@ def aphro_server(*args: str):
     binary = aphro.cli.find_binary()
     if binary is None or not os.path.isfile(binary):
         pytest.skip("the `aphro` binary is not built (set APHRO_BIN)")
-    port = _free_port()
+    port = port or free_port()
+    # A file, not a pipe: a server that logs more than a pipe buffer would block on it.
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [binary, *args, "--port", str(port)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
+        env={**os.environ, **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"server exited: {proc.stderr.read().decode(errors='replace')}")
+                log.seek(0)
+                pytest.fail(f"server exited: {log.read().decode(errors='replace')[-4000:]}")
             try:
                 if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                     break
@@ -94,10 +107,12 @@ def aphro_server(*args: str):
             if time.time() > deadline:
                 pytest.fail("server did not start")
             time.sleep(0.2)
-        yield base
+        yield base, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         proc.wait(timeout=30)
+        log.close()
 
 
 @pytest.fixture(scope="session")
