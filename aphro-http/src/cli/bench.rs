@@ -55,7 +55,7 @@ pub struct Args {
 
 /// Most tokens the stall measurement's decode generates (it is aborted once the long prompt
 /// has its first token).
-const STALL_DECODE_TOKENS: usize = 4096;
+const STALL_DECODE_TOKENS: usize = 8192;
 
 impl Args {
     /// Tokens the measurements hold in the KV cache at once, at most.
@@ -89,8 +89,17 @@ fn request(id: String, prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
 /// Run `reqs` concurrently; returns (seconds from submission to the end, tokens generated,
 /// seconds from the first token to the last of the first request).
 fn run_batch(engine: &Engine, reqs: Vec<EngineRequest>) -> anyhow::Result<(f64, usize, f64)> {
+    run_spread(&[engine], reqs)
+}
+
+/// [`run_batch`] over several engines (`--data-parallel-size`), requests dealt round-robin.
+fn run_spread(engines: &[&Engine], reqs: Vec<EngineRequest>) -> anyhow::Result<(f64, usize, f64)> {
     let t0 = Instant::now();
-    let streams: Vec<_> = reqs.into_iter().map(|r| engine.generate(r)).collect();
+    let streams: Vec<_> = reqs
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| engines[i % engines.len()].generate(r))
+        .collect();
     let outs = futures::executor::block_on(futures::future::join_all(streams.into_iter().map(
         |mut s| async move {
             let mut n = 0usize;
@@ -127,7 +136,14 @@ fn run_batch(engine: &Engine, reqs: Vec<EngineRequest>) -> anyhow::Result<(f64, 
 struct Stall {
     prompt_tokens: usize,
     idle_itl_s: f64,
+    /// The decode's idle inter-token latency once the prompt is done: its context grew by
+    /// every token it made meanwhile, and a decode step's attention grows with it.
+    idle_after_itl_s: Option<f64>,
     itl_median_s: f64,
+    /// Median over the gaps during the prefill of gap / the idle latency at that gap's
+    /// context (interpolated between the idle values before and after): the prompt's own
+    /// cost to the stream, without the stream's growing context.
+    context_matched_ratio: Option<f64>,
     itl_max_s: f64,
     tokens_during_prefill: usize,
     prefill_s: f64,
@@ -183,6 +199,11 @@ fn measure_stall(
     let submitted = Instant::now();
     let (prefill_s, _, _) = run_batch(engine, vec![long])?;
     let done = Instant::now();
+    // The decode alone again, at the context it has reached: the idle value at the end.
+    let at_done = count();
+    while count() < at_done + IDLE_TOKENS && !consumer.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     stop.store(true, Ordering::Release);
     let stamps = stamps.lock().expect("stamps").clone();
     let decode_ended_early = consumer
@@ -220,9 +241,33 @@ fn measure_stall(
         .iter()
         .filter(|t| **t > submitted && **t <= done)
         .count();
+    let idle_itl_s = median(idle);
+    // Skip the first gap after the prompt finished (it may still hold the prompt's last step).
+    let after: Vec<f64> = stamps
+        .windows(2)
+        .filter(|w| w[0] > done)
+        .skip(1)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+        .collect();
+    let idle_after_itl_s = (after.len() >= IDLE_TOKENS / 2).then(|| median(after));
+    let context_matched_ratio = idle_after_itl_s.and_then(|end| {
+        let first = stamps.iter().position(|t| *t > submitted)?;
+        let last = stamps.iter().rposition(|t| *t <= done)?;
+        let span = (last.saturating_sub(first)).max(1) as f64;
+        let ratios: Vec<f64> = (first.max(1)..=last)
+            .map(|i| {
+                let gap = stamps[i].duration_since(stamps[i - 1]).as_secs_f64();
+                let frac = (i.saturating_sub(first)) as f64 / span;
+                gap / (idle_itl_s + (end - idle_itl_s) * frac).max(1e-9)
+            })
+            .collect();
+        (!ratios.is_empty()).then(|| median(ratios))
+    });
     Ok(Stall {
         prompt_tokens,
-        idle_itl_s: median(idle),
+        idle_itl_s,
+        idle_after_itl_s,
+        context_matched_ratio,
         itl_max_s,
         itl_median_s,
         tokens_during_prefill,
@@ -273,6 +318,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let block_size = cfg.block_size.max(1);
     let serving = ServingEngine::new(cfg).context("starting the engine")?;
     let engine = serving.engine();
+    let engines: Vec<&Engine> = serving.engines().collect();
     let vocab = engine.model_info().vocab_size;
     let max_len = engine.max_model_len();
     let mut salt = 0usize;
@@ -313,7 +359,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 request(id, p, args.decode_tokens)
             })
             .collect();
-        let (wall, n, _) = run_batch(engine, reqs)?;
+        // With data parallelism every engine takes its share (the router's least-loaded
+        // rule for prompts that share nothing).
+        let (wall, n, _) = run_spread(&engines, reqs)?;
         aggregate.push((c, n as f64 / wall));
     }
 
@@ -359,6 +407,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             json!({
                 "prompt_tokens": s.prompt_tokens,
                 "idle_itl_ms": s.idle_itl_s * 1e3,
+                "idle_after_itl_ms": s.idle_after_itl_s.map(|v| v * 1e3),
+                "context_matched_ratio": s.context_matched_ratio,
                 "itl_median_ms": s.itl_median_s * 1e3,
                 "itl_max_ms": s.itl_max_s * 1e3,
                 "tokens_during_prefill": s.tokens_during_prefill,
@@ -372,6 +422,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "prefill": prefill.iter().map(|(n, v)| json!({"prompt_tokens": n, "tok_s": v})).collect::<Vec<_>>(),
                 "decode": decode.iter().map(|(c, v)| json!({"context": c, "tok_s": v})).collect::<Vec<_>>(),
                 "aggregate_tok_s": agg,
+                "data_parallel_size": engines.len(),
                 "stall": stall_json,
                 "abort": abort.map(|(n, s)| json!({"prompt_tokens": n, "delay_ms": s * 1e3})),
                 "prefill_tok_s": prefill.first().map(|p| p.1),
@@ -396,7 +447,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         for (c, v) in &aggregate {
             println!(
                 "{:<40} {:>10.1}",
-                format!("aggregate decode, {c} concurrent"),
+                if engines.len() > 1 {
+                    format!(
+                        "aggregate decode, {c} concurrent, {} engines",
+                        engines.len()
+                    )
+                } else {
+                    format!("aggregate decode, {c} concurrent")
+                },
                 v
             );
         }
@@ -413,6 +471,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 s.itl_median_s / s.idle_itl_s.max(1e-9),
                 s.tokens_during_prefill
             );
+            if let (Some(after), Some(r)) = (s.idle_after_itl_s, s.context_matched_ratio) {
+                println!(
+                    "  idle {:.1} ms once the prompt is done (the decode's context grew); \
+                     median {:.2}x the idle latency at the same context",
+                    after * 1e3,
+                    r
+                );
+            }
             if s.decode_ended_early {
                 println!("  (the decode finished before the prompt did: the window is partial)");
             }
