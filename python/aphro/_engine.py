@@ -35,7 +35,11 @@ class AsyncEngine:
         )
 
     async def generate(
-        self, request: Dict[str, Any], *, request_id: Optional[str] = None
+        self,
+        request: Dict[str, Any],
+        *,
+        request_id: Optional[str] = None,
+        session_id: Optional[str] = None,
     ) -> AsyncIterator[Dict[str, Any]]:
         """Async iterator over the stream events of ``request`` (a ``GenerateRequest`` dict).
 
@@ -44,7 +48,10 @@ class AsyncEngine:
         """
         loop = asyncio.get_running_loop()
         stream = await loop.run_in_executor(
-            self._pool, lambda: self.engine.generate_stream(request, request_id=request_id)
+            self._pool,
+            lambda: self.engine.generate_stream(
+                request, request_id=request_id, session_id=session_id
+            ),
         )
         finished = False
         try:
@@ -59,12 +66,17 @@ class AsyncEngine:
                 stream.abort()
 
     async def generate_full(
-        self, request: Dict[str, Any], *, request_id: Optional[str] = None
+        self,
+        request: Dict[str, Any],
+        *,
+        request_id: Optional[str] = None,
+        session_id: Optional[str] = None,
     ) -> Dict[str, Any]:
         """The whole ``GenerateResponse`` of ``request`` (non-streaming)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._pool, lambda: self.engine.generate(request, request_id=request_id)
+            self._pool,
+            lambda: self.engine.generate(request, request_id=request_id, session_id=session_id),
         )
 
     def abort(self, request_id: Union[str, Sequence[str]]) -> None:

@@ -102,13 +102,31 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
                 let s: String = v.extract()?;
                 cfg.scheduling_policy = s.parse().map_err(PyValueError::new_err)?;
             }
+            "data_parallel_size" => cfg.data_parallel_size = v.extract()?,
+            "prefix_caching_hash_algo" => {
+                let s: String = v.extract()?;
+                cfg.prefix_caching_hash_algo = s.parse().map_err(PyValueError::new_err)?;
+            }
+            "kv_events_config" => {
+                // vLLM's JSON, as a string or a dict.
+                let text: String = match v.extract::<String>() {
+                    Ok(s) => s,
+                    Err(_) => v
+                        .py()
+                        .import("json")?
+                        .call_method1("dumps", (v,))?
+                        .extract()?,
+                };
+                cfg.kv_events_config = Some(text.parse().map_err(PyValueError::new_err)?);
+            }
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "Engine() got an unexpected engine argument {other:?} (known: dtype, \
                      device, kv_cache_memory, kv_cache_dtype, block_size, num_gpu_blocks_override, \
                      max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, \
                      prefill_pacing_ratio, scheduling_policy, enable_prefix_caching, max_model_len, max_logprobs, seed, \
-                     served_model_name, tokens_only)"
+                     served_model_name, tokens_only, data_parallel_size, prefix_caching_hash_algo, \
+                     kv_events_config)"
                 )))
             }
         }
@@ -138,12 +156,13 @@ impl PyEngine {
         py: Python<'_>,
         request: &Bound<'_, PyAny>,
         request_id: Option<&str>,
+        session_id: Option<&str>,
     ) -> PyResult<ServingStream> {
         let body = to_value(request)?;
         let e = &self.inner;
         py.detach(|| {
             let req = e.parse_request(&body)?;
-            e.generate(req, request_id)
+            e.generate_routed(req, request_id, session_id)
         })
         .map_err(|err| serving_err(py, &err))
     }
@@ -174,15 +193,17 @@ impl PyEngine {
 
     /// Runs a generate request (the body of `POST /inference/v1/generate`: `token_ids`,
     /// `sampling_params`, `output_mode`, ...; a `Renderer.render_*` result as is) to
-    /// completion and returns the `GenerateResponse` dict. `request_id` plays `X-Request-Id`.
-    #[pyo3(signature = (request, *, request_id=None))]
+    /// completion and returns the `GenerateResponse` dict. `request_id` plays `X-Request-Id`;
+    /// `session_id` keeps a conversation on one engine (`data_parallel_size` > 1).
+    #[pyo3(signature = (request, *, request_id=None, session_id=None))]
     fn generate<'py>(
         &self,
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
         request_id: Option<&str>,
+        session_id: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let stream = self.submit(py, request, request_id)?;
+        let stream = self.submit(py, request, request_id, session_id)?;
         let resp = py
             .detach(|| block_on(stream.collect_response()))
             .map_err(|e| serving_err(py, &e))?;
@@ -193,14 +214,15 @@ impl PyEngine {
     /// `data:` objects of the SSE stream: one per engine step with new tokens, and a usage
     /// event when `stream_options.include_usage` is set). Dropping the iterator before the end
     /// aborts the request.
-    #[pyo3(signature = (request, *, request_id=None))]
+    #[pyo3(signature = (request, *, request_id=None, session_id=None))]
     fn generate_stream(
         &self,
         py: Python<'_>,
         request: &Bound<'_, PyAny>,
         request_id: Option<&str>,
+        session_id: Option<&str>,
     ) -> PyResult<PyEngineStream> {
-        let stream = self.submit(py, request, request_id)?;
+        let stream = self.submit(py, request, request_id, session_id)?;
         Ok(PyEngineStream {
             request_id: stream.request_id().to_owned(),
             inner: Mutex::new(Some(stream)),

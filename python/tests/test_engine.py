@@ -134,6 +134,20 @@ def test_engine_args_validation(model):
         aphro.Engine(model, dtype="int3")
 
 
+def test_data_parallel_engines_route_sessions_and_agree(model):
+    one = aphro.Engine(model, seed=0, max_model_len=256, kv_cache_memory=16 << 20)
+    two = aphro.Engine(model, seed=0, max_model_len=256, kv_cache_memory=16 << 20,
+                       data_parallel_size=2)
+    req = {"token_ids": aphro.tokenize("The capital of France is"),
+           "sampling_params": {"max_tokens": 6, "temperature": 0}}
+    want = one.generate(req)["choices"][0]["token_ids"]
+    for turn in range(3):
+        got = two.generate(req, session_id="conversation-1")["choices"][0]["token_ids"]
+        assert got == want
+    with pytest.raises(aphro.AphroError, match="data-parallel-size"):
+        aphro.Engine(model, data_parallel_size=0)
+
+
 def test_async_engine_concurrent(model):
     async def run():
         async with aphro.AsyncEngine(model, seed=0) as engine:
