@@ -645,11 +645,15 @@ impl EngineCore {
         }
         self.refresh_gauges();
         let decodes = scheduled.iter().filter(|s| s.decode).count();
-        self.pacer.observe(
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::trace!(
+            target: "aphro_engine::pacer",
             decodes,
-            step_tokens - decodes,
-            started.elapsed().as_secs_f64(),
+            prefill_tokens = step_tokens - decodes,
+            ms = seconds * 1e3,
+            "step"
         );
+        self.pacer.observe(decodes, step_tokens - decodes, seconds);
         Ok(outs)
     }
 

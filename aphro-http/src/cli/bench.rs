@@ -144,6 +144,10 @@ struct Stall {
     /// context (interpolated between the idle values before and after): the prompt's own
     /// cost to the stream, without the stream's growing context.
     context_matched_ratio: Option<f64>,
+    /// The mean of those ratios (the pacer holds the average step; single expensive prompt
+    /// tokens show in the max).
+    context_matched_mean: Option<f64>,
+    itl_mean_s: f64,
     itl_max_s: f64,
     tokens_during_prefill: usize,
     prefill_s: f64,
@@ -235,7 +239,7 @@ fn measure_stall(
     let itl_median_s = if during.is_empty() {
         open
     } else {
-        median(during)
+        median(during.clone())
     };
     let tokens_during_prefill = stamps
         .iter()
@@ -250,7 +254,7 @@ fn measure_stall(
         .map(|w| w[1].duration_since(w[0]).as_secs_f64())
         .collect();
     let idle_after_itl_s = (after.len() >= IDLE_TOKENS / 2).then(|| median(after));
-    let context_matched_ratio = idle_after_itl_s.and_then(|end| {
+    let ratios = idle_after_itl_s.and_then(|end| {
         let first = stamps.iter().position(|t| *t > submitted)?;
         let last = stamps.iter().rposition(|t| *t <= done)?;
         let span = (last.saturating_sub(first)).max(1) as f64;
@@ -261,13 +265,24 @@ fn measure_stall(
                 gap / (idle_itl_s + (end - idle_itl_s) * frac).max(1e-9)
             })
             .collect();
-        (!ratios.is_empty()).then(|| median(ratios))
+        (!ratios.is_empty()).then_some(ratios)
     });
+    let context_matched_mean = ratios
+        .as_ref()
+        .map(|r| r.iter().sum::<f64>() / r.len() as f64);
+    let context_matched_ratio = ratios.map(median);
+    let itl_mean_s = if during.is_empty() {
+        open
+    } else {
+        during.iter().sum::<f64>() / during.len() as f64
+    };
     Ok(Stall {
         prompt_tokens,
         idle_itl_s,
         idle_after_itl_s,
         context_matched_ratio,
+        context_matched_mean,
+        itl_mean_s,
         itl_max_s,
         itl_median_s,
         tokens_during_prefill,
@@ -409,6 +424,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "idle_itl_ms": s.idle_itl_s * 1e3,
                 "idle_after_itl_ms": s.idle_after_itl_s.map(|v| v * 1e3),
                 "context_matched_ratio": s.context_matched_ratio,
+                "context_matched_mean_ratio": s.context_matched_mean,
+                "itl_mean_ms": s.itl_mean_s * 1e3,
                 "itl_median_ms": s.itl_median_s * 1e3,
                 "itl_max_ms": s.itl_max_s * 1e3,
                 "tokens_during_prefill": s.tokens_during_prefill,
@@ -471,12 +488,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 s.itl_median_s / s.idle_itl_s.max(1e-9),
                 s.tokens_during_prefill
             );
-            if let (Some(after), Some(r)) = (s.idle_after_itl_s, s.context_matched_ratio) {
+            if let (Some(after), Some(r), Some(m)) = (
+                s.idle_after_itl_s,
+                s.context_matched_ratio,
+                s.context_matched_mean,
+            ) {
                 println!(
-                    "  idle {:.1} ms once the prompt is done (the decode's context grew); \
-                     median {:.2}x the idle latency at the same context",
+                    "  mean {:.1} ms; idle {:.1} ms once the prompt is done (the decode's \
+                     context grew); against the idle latency at the same context: median \
+                     {:.2}x, mean {:.2}x",
+                    s.itl_mean_s * 1e3,
                     after * 1e3,
-                    r
+                    r,
+                    m
                 );
             }
             if s.decode_ended_early {
