@@ -2,10 +2,19 @@
 
 use aphro_core::gguf::GgufFile;
 
+use super::moe::MoeConfig;
 use super::ModelError;
 
 /// The architectures whose forward pass [`super::llama`] implements.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "olmoe",
+];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
@@ -28,6 +37,10 @@ pub struct LlamaConfig {
     pub qkv_bias: bool,
     /// Qwen3: per-head RMSNorm on Q and K before RoPE.
     pub qk_norm: bool,
+    /// OLMoE: the Q/K RMSNorm spans the whole projection (all heads), not one head.
+    pub qk_norm_whole: bool,
+    /// Mixture-of-experts feed-forward (Qwen3-MoE, Mixtral, OLMoE); `None`: dense MLP.
+    pub moe: Option<MoeConfig>,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -44,7 +57,8 @@ fn arch_flags(arch: &str) -> Result<(bool, bool), ModelError> {
     match arch {
         "llama" | "mistral" => Ok((false, false)),
         "qwen2" => Ok((true, false)),
-        "qwen3" => Ok((false, true)),
+        "qwen3" | "qwen3_moe" | "olmoe" => Ok((false, true)),
+        "mixtral" => Ok((false, false)),
         other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
     }
 }
@@ -58,6 +72,13 @@ impl LlamaConfig {
 
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let arch = g.architecture()?.to_string();
+        if matches!(arch.as_str(), "qwen3_moe" | "mixtral" | "olmoe")
+            || g.arch_i64("expert_count").is_ok()
+        {
+            return Err(ModelError::Unsupported(format!(
+                "mixture-of-experts GGUF ({arch}); load the HF safetensors directory"
+            )));
+        }
         let (qkv_bias, qk_norm) = arch_flags(&arch)?;
         let int = |k: &str| -> Result<usize, ModelError> {
             let v = g.arch_i64(k)?;
@@ -94,6 +115,8 @@ impl LlamaConfig {
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
             qkv_bias,
             qk_norm,
+            qk_norm_whole: false,
+            moe: None,
             eos_token_ids: eos.into_iter().collect(),
             architecture: arch,
         };
@@ -110,7 +133,9 @@ impl LlamaConfig {
             .unwrap_or_default();
         let model_type = v.get("model_type").and_then(|s| s.as_str()).unwrap_or("");
         let arch = match model_type {
-            "llama" | "mistral" | "qwen2" | "qwen3" => model_type.to_string(),
+            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "olmoe" => {
+                model_type.to_string()
+            }
             _ => {
                 return Err(ModelError::UnsupportedArchitecture(if archs.is_empty() {
                     model_type.to_string()
@@ -179,6 +204,8 @@ impl LlamaConfig {
                     .and_then(|x| x.as_bool())
                     .unwrap_or(false),
             qk_norm,
+            qk_norm_whole: arch == "olmoe",
+            moe: MoeConfig::from_hf_json(&arch, v)?,
             eos_token_ids,
             architecture: arch,
         };
