@@ -171,6 +171,33 @@ fn check_ids(c: &Case, got: &[u32], how: &str) -> Option<usize> {
     split
 }
 
+/// transformers' full logits at the last prompt position.
+fn golden_logits(c: &Case) -> Vec<f32> {
+    let f = c.logits_file.as_ref().expect("case has a logits file");
+    std::fs::read(arch_dir().join("goldens").join(f))
+        .expect("logits file")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// `got` within 1e-4 of the golden logits' scale (max |logit|); returns (max diff, scale).
+fn check_last_logits(c: &Case, got: &[f32]) -> (f32, f32) {
+    let want = golden_logits(c);
+    assert_eq!(want.len(), got.len(), "{}: vocab", c.id);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff <= 1e-4 * scale,
+        "{}: last-prompt logits differ by {diff} (scale {scale})",
+        c.id
+    );
+    (diff, scale)
+}
+
 #[test]
 fn greedy_ids_and_logits_match_transformers() {
     for model in MODELS {
@@ -202,24 +229,8 @@ fn greedy_ids_and_logits_match_transformers() {
                     );
                 }
             }
-            // The full logits at the last prompt position, within 1e-4 of their scale.
-            if let Some(f) = &c.logits_file {
-                let bytes = std::fs::read(arch_dir().join("goldens").join(f)).expect("logits file");
-                let want: Vec<f32> = bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
-                assert_eq!(want.len(), logits[0].len(), "{}: vocab", c.id);
-                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let diff = logits[0]
-                    .iter()
-                    .zip(&want)
-                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-                assert!(
-                    diff <= 1e-4 * scale,
-                    "{}: last-prompt logits differ by {diff} (scale {scale})",
-                    c.id
-                );
+            if c.logits_file.is_some() {
+                let (diff, scale) = check_last_logits(c, &logits[0]);
                 eprintln!("{}: logits max |diff| {diff:.2e} (scale {scale:.2}), top-5 logprob max |diff| {worst:.2e}", c.id);
             }
         }
@@ -278,6 +289,235 @@ fn engine_batches_match_transformers_with_and_without_prefix_caching() {
             } else {
                 assert_eq!(hits, 0, "{model}: prefix caching is off");
             }
+        }
+    }
+}
+
+/// llama.cpp's layout of an HF MoE checkpoint: what `convert_hf_to_gguf.py` writes (Q/K rows
+/// permuted for `llama`, each layer's experts stacked into one 3-D tensor), with the experts
+/// as Q8_0 blocks (`quant_experts`) or f32.
+fn write_gguf(model: &str, path: &std::path::Path, quant_experts: bool) {
+    use aphro_engine::model::weights::gguf_name;
+    let dir = arch_dir().join("models").join(model);
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).expect("config"))
+            .expect("json");
+    let bytes = std::fs::read(dir.join("model.safetensors")).expect("weights");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let f32s = |name: &str| -> (Vec<usize>, Vec<f32>) {
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let v = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        (t.shape().to_vec(), v)
+    };
+    let u = |k: &str| cfg[k].as_u64().unwrap_or(0) as usize;
+    let (arch, permute) = match model {
+        "mixtral" => ("llama", true),
+        "qwen3-moe" => ("qwen3moe", false),
+        other => panic!("no GGUF layout for {other}"),
+    };
+    let (layers, experts, heads, kv_heads) = (
+        u("num_hidden_layers"),
+        u("num_local_experts").max(u("num_experts")),
+        u("num_attention_heads"),
+        u("num_key_value_heads"),
+    );
+    let head_dim = u("head_dim");
+    // (name, ggml dims fastest-first, ggml type, bytes)
+    let mut tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)> = Vec::new();
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let q8_0 = |v: &[f32]| -> Vec<u8> {
+        let mut out = Vec::new();
+        for b in v.chunks_exact(32) {
+            let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let d = amax / 127.0;
+            out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+            out.extend(b.iter().map(|x| (x * inv).round() as i8 as u8));
+        }
+        out
+    };
+    for name in st.names() {
+        if name.contains(".experts.") {
+            continue;
+        }
+        let (shape, mut v) = f32s(name);
+        let g = gguf_name(name).unwrap_or_else(|| panic!("no GGUF name for {name}"));
+        let h = if name.contains("q_proj") {
+            heads
+        } else if name.contains("k_proj") {
+            kv_heads
+        } else {
+            0
+        };
+        if permute && h > 0 {
+            // llama.cpp: w.reshape(h, 2, d/2, cols).swapaxes(1, 2).
+            let cols = shape[1];
+            let d = shape[0] / h;
+            let src = v.clone();
+            for hh in 0..h {
+                for i in 0..d / 2 {
+                    for j in 0..2 {
+                        let (to, from) = (hh * d + 2 * i + j, hh * d + j * d / 2 + i);
+                        v[to * cols..(to + 1) * cols]
+                            .copy_from_slice(&src[from * cols..(from + 1) * cols]);
+                    }
+                }
+            }
+        }
+        let dims = shape.iter().rev().map(|&d| d as u64).collect();
+        tensors.push((g, dims, 0, f32_bytes(&v)));
+    }
+    let (prefix, names) = if model == "mixtral" {
+        ("block_sparse_moe.experts", ["w1", "w3", "w2"])
+    } else {
+        ("mlp.experts", ["gate_proj", "up_proj", "down_proj"])
+    };
+    for l in 0..layers {
+        for (part, g) in names
+            .iter()
+            .zip(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"])
+        {
+            let mut all = Vec::new();
+            let mut shape = Vec::new();
+            for e in 0..experts {
+                let (s, v) = f32s(&format!("model.layers.{l}.{prefix}.{e}.{part}.weight"));
+                shape = s;
+                all.extend(v);
+            }
+            let dims = vec![shape[1] as u64, shape[0] as u64, experts as u64];
+            let (ty, data) = if quant_experts {
+                (8, q8_0(&all))
+            } else {
+                (0, f32_bytes(&all))
+            };
+            tensors.push((format!("blk.{l}.{g}.weight"), dims, ty, data));
+        }
+    }
+    let str_ = |b: &mut Vec<u8>, s: &str| {
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    };
+    let mut kv: Vec<(String, u32, Vec<u8>)> = Vec::new();
+    let mut s = Vec::new();
+    str_(&mut s, arch);
+    kv.push(("general.architecture".into(), 8, s));
+    for (k, v) in [
+        ("embedding_length", u("hidden_size")),
+        ("feed_forward_length", u("intermediate_size")),
+        (
+            "expert_feed_forward_length",
+            match u("moe_intermediate_size") {
+                0 => u("intermediate_size"),
+                w => w,
+            },
+        ),
+        ("block_count", layers),
+        ("attention.head_count", heads),
+        ("attention.head_count_kv", kv_heads),
+        ("attention.key_length", head_dim),
+        ("context_length", u("max_position_embeddings")),
+        ("vocab_size", u("vocab_size")),
+        ("expert_count", experts),
+        ("expert_used_count", u("num_experts_per_tok")),
+    ] {
+        kv.push((format!("{arch}.{k}"), 4, (v as u32).to_le_bytes().to_vec()));
+    }
+    for (k, v) in [
+        ("rope.freq_base", cfg["rope_theta"].as_f64().expect("theta")),
+        (
+            "attention.layer_norm_rms_epsilon",
+            cfg["rms_norm_eps"].as_f64().expect("eps"),
+        ),
+    ] {
+        kv.push((format!("{arch}.{k}"), 6, (v as f32).to_le_bytes().to_vec()));
+    }
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+    for (k, ty, v) in &kv {
+        str_(&mut b, k);
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(v);
+    }
+    let mut offset = 0u64;
+    for (name, dims, ty, data) in &tensors {
+        str_(&mut b, name);
+        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in dims {
+            b.extend_from_slice(&d.to_le_bytes());
+        }
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        offset += (data.len() as u64).div_ceil(32) * 32;
+    }
+    for (_, _, _, data) in &tensors {
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        b.extend_from_slice(data);
+    }
+    std::fs::write(path, b).expect("write gguf");
+}
+
+/// The same checkpoints as llama.cpp lays them out in a GGUF: f32 experts give transformers'
+/// ids and logits; Q8_0 experts run quantized (the fused CPU kernels) and stay close.
+#[test]
+fn gguf_moe_matches_transformers_and_runs_quantized_experts() {
+    for model in ["mixtral", "qwen3-moe"] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (f32_path, q8_path) = (tmp.path().join("f32.gguf"), tmp.path().join("q8.gguf"));
+        write_gguf(model, &f32_path, false);
+        write_gguf(model, &q8_path, true);
+        let load = |path: &std::path::Path, dtype| {
+            load_flex_runner(&ModelLoadConfig {
+                model_path: path.to_path_buf(),
+                dtype,
+                ..load_cfg(model)
+            })
+            .unwrap_or_else(|e| panic!("{model} GGUF loads: {e}"))
+        };
+        let (single, _) = cases(model);
+        let mut r = load(&f32_path, ModelDType::Float32);
+        for c in &single {
+            let (got, logits) = greedy(&mut r, &c.prompt, c.max_new);
+            check_ids(c, &got, "f32 GGUF");
+            if c.logits_file.is_some() {
+                check_last_logits(c, &logits[0]);
+            }
+        }
+        let c = single
+            .iter()
+            .find(|c| c.logits_file.is_some())
+            .expect("a case with logits");
+        let want = golden_logits(c);
+        let mut quant = load(&q8_path, ModelDType::Auto);
+        let mut dequant = load(&q8_path, ModelDType::Float32);
+        let (_, q) = greedy(&mut quant, &c.prompt, 1);
+        let (_, dq) = greedy(&mut dequant, &c.prompt, 1);
+        let cos = |a: &[f32], b: &[f32]| {
+            let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let n = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            dot / (n(a) * n(b))
+        };
+        // The quantized kernels round activations to 8 bits: a different computation from
+        // the dequantized path, both close to transformers.
+        assert_ne!(q[0], dq[0], "{model}: Q8_0 experts did not run quantized");
+        // 8-bit experts are lossy (these logits are peaked, std ~5): a loose bound that
+        // still catches a wrong expert, a wrong slice or a wrong weight.
+        for (how, l, reference) in [
+            ("quantized vs transformers", &q[0], &want),
+            ("dequantized vs transformers", &dq[0], &want),
+            ("quantized vs dequantized", &q[0], &dq[0]),
+        ] {
+            let c = cos(l, reference);
+            assert!(c > 0.99, "{model} Q8_0 experts, {how}: cosine {c}");
+            eprintln!("{model} Q8_0 experts, {how}: cosine {c:.6}");
         }
     }
 }

@@ -57,7 +57,8 @@ fn arch_flags(arch: &str) -> Result<(bool, bool), ModelError> {
     match arch {
         "llama" | "mistral" => Ok((false, false)),
         "qwen2" => Ok((true, false)),
-        "qwen3" | "qwen3_moe" | "olmoe" => Ok((false, true)),
+        // `qwen3moe`: llama.cpp's name for Qwen3-MoE.
+        "qwen3" | "qwen3_moe" | "qwen3moe" | "olmoe" => Ok((false, true)),
         "mixtral" => Ok((false, false)),
         other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
     }
@@ -72,14 +73,8 @@ impl LlamaConfig {
 
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let arch = g.architecture()?.to_string();
-        if matches!(arch.as_str(), "qwen3_moe" | "mixtral" | "olmoe")
-            || g.arch_i64("expert_count").is_ok()
-        {
-            return Err(ModelError::Unsupported(format!(
-                "mixture-of-experts GGUF ({arch}); load the HF safetensors directory"
-            )));
-        }
         let (qkv_bias, qk_norm) = arch_flags(&arch)?;
+        let moe = MoeConfig::from_gguf(&arch, g)?;
         let int = |k: &str| -> Result<usize, ModelError> {
             let v = g.arch_i64(k)?;
             usize::try_from(v).map_err(|_| ModelError::Config(format!("{arch}.{k} = {v}")))
@@ -99,7 +94,12 @@ impl LlamaConfig {
         let cfg = Self {
             vocab_size,
             hidden_size,
-            intermediate_size: int("feed_forward_length")?,
+            // An all-MoE GGUF may lack the dense width.
+            intermediate_size: match (int("feed_forward_length"), &moe) {
+                (Ok(v), _) => v,
+                (Err(_), Some(m)) => m.expert_intermediate_size,
+                (Err(e), None) => return Err(e),
+            },
             num_layers: int("block_count")?,
             num_heads,
             num_kv_heads,
@@ -115,8 +115,8 @@ impl LlamaConfig {
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
             qkv_bias,
             qk_norm,
-            qk_norm_whole: false,
-            moe: None,
+            qk_norm_whole: arch == "olmoe",
+            moe,
             eos_token_ids: eos.into_iter().collect(),
             architecture: arch,
         };

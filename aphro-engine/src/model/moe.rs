@@ -95,6 +95,45 @@ impl MoeConfig {
         Ok(Some(cfg))
     }
 
+    /// The MoE settings of a GGUF (llama.cpp's `{arch}.expert_count` & co.; Mixtral is
+    /// converted as `llama` with experts), `None` for dense models.
+    pub fn from_gguf(
+        arch: &str,
+        g: &aphro_core::gguf::GgufFile,
+    ) -> Result<Option<Self>, ModelError> {
+        let int =
+            |k: &str| -> Option<usize> { g.arch_i64(k).ok().and_then(|v| usize::try_from(v).ok()) };
+        let num_experts = int("expert_count").unwrap_or(0);
+        if num_experts == 0 {
+            return Ok(None);
+        }
+        let need =
+            |k: &str| int(k).ok_or_else(|| ModelError::Config(format!("GGUF lacks {arch}.{k}")));
+        // llama.cpp renormalises the chosen weights for Mixtral and Qwen3-MoE, not OLMoE,
+        // unless the file says otherwise.
+        let renormalize = g
+            .get(&format!("{arch}.expert_weights_norm"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(arch != "olmoe");
+        let cfg = Self {
+            num_experts,
+            top_k: need("expert_used_count")?,
+            expert_intermediate_size: int("expert_feed_forward_length")
+                .map_or_else(|| need("feed_forward_length"), Ok)?,
+            routing: Routing::SoftmaxTopK { renormalize },
+            // Only the HF names differ; both map to the same GGUF tensors.
+            names: if arch == "llama" {
+                ExpertNames::Mixtral
+            } else {
+                ExpertNames::Qwen
+            },
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+        };
+        cfg.validate()?;
+        Ok(Some(cfg))
+    }
+
     fn validate(&self) -> Result<(), ModelError> {
         if self.num_experts == 0 || self.top_k == 0 || self.top_k > self.num_experts {
             return Err(ModelError::Config(format!(
