@@ -149,7 +149,7 @@ pub(super) struct Loader<'a, B: Backend> {
 }
 
 impl<B: EngineOps> Loader<'_, B> {
-    fn host(&self, name: &str, keep_quant: bool) -> Result<HostTensor, ModelError> {
+    pub(super) fn host(&self, name: &str, keep_quant: bool) -> Result<HostTensor, ModelError> {
         let t = self
             .src
             .get(name, keep_quant)?
@@ -189,6 +189,17 @@ impl<B: EngineOps> Loader<'_, B> {
         cols: usize,
     ) -> Result<Linear<B>, ModelError> {
         let t = self.host(name, self.keep_quant)?;
+        self.linear_from(name, t, rows, cols)
+    }
+
+    /// [`Self::linear`] from a tensor already in host memory (`name` labels errors).
+    pub(super) fn linear_from(
+        &self,
+        name: &str,
+        t: HostTensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Linear<B>, ModelError> {
         Self::check(name, &t.shape(), &[rows, cols])?;
         if let Some(ty) = self.half {
             let (_, data) = t.into_f32();

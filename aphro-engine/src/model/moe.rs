@@ -13,6 +13,7 @@ use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, TensorPrimitive};
 
 use super::llama::{Linear, Loader};
 use super::ops::EngineOps;
+use super::weights::HostTensor;
 use super::ModelError;
 
 /// How router logits become per-token expert weights.
@@ -219,10 +220,113 @@ impl<B: EngineOps> GatedMlp<B> {
     }
 }
 
+/// GPT-OSS's expert: biased gate/up/down projections and a clamped SwiGLU,
+/// `down((clamp(up, ±limit) + 1) * g * sigmoid(alpha * g)) + b` with `g = min(gate, limit)`.
+pub struct ClampedSwiGluMlp<B: Backend> {
+    pub gate: Linear<B>,
+    pub up: Linear<B>,
+    pub down: Linear<B>,
+    pub gate_bias: Tensor<B, 1>,
+    pub up_bias: Tensor<B, 1>,
+    pub down_bias: Tensor<B, 1>,
+    pub alpha: f32,
+    pub limit: f32,
+}
+
+impl<B: EngineOps> ClampedSwiGluMlp<B> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let [g, u] = Linear::forward_many([&self.gate, &self.up], x);
+        let g = (g + self.gate_bias.clone().unsqueeze()).clamp_max(self.limit);
+        let u = (u + self.up_bias.clone().unsqueeze()).clamp(-self.limit, self.limit);
+        let glu = g.clone() * burn::tensor::activation::sigmoid(g.mul_scalar(self.alpha));
+        self.down.forward(u.add_scalar(1.0) * glu) + self.down_bias.clone().unsqueeze()
+    }
+
+    /// The experts of one layer from GPT-OSS's checkpoint tensors, `[in, out]` oriented:
+    /// `gate_up` `[E, hidden, 2I]` with gate and up *interleaved* along the last axis
+    /// (columns `0::2` and `1::2`), `gate_up_bias` `[E, 2I]`, `down` `[E, I, hidden]`,
+    /// `down_bias` `[E, hidden]`. `linear` turns an `[out, in]` host matrix into a
+    /// [`Linear`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn experts_from_stacked(
+        gate_up: &[f32],
+        gate_up_bias: &[f32],
+        down: &[f32],
+        down_bias: &[f32],
+        (experts, hidden, inter): (usize, usize, usize),
+        (alpha, limit): (f32, f32),
+        device: &B::Device,
+        linear: &dyn Fn(HostTensor, usize, usize) -> Result<Linear<B>, ModelError>,
+    ) -> Result<Vec<Self>, ModelError> {
+        let sizes = [
+            (gate_up.len(), experts * hidden * 2 * inter),
+            (gate_up_bias.len(), experts * 2 * inter),
+            (down.len(), experts * inter * hidden),
+            (down_bias.len(), experts * hidden),
+        ];
+        if sizes.iter().any(|(got, want)| got != want) {
+            return Err(ModelError::Weights(format!(
+                "GPT-OSS expert tensors do not fit {experts} experts of {hidden}x{inter}"
+            )));
+        }
+        let host = |data: Vec<f32>, rows, cols| HostTensor::F32 {
+            shape: vec![rows, cols],
+            data,
+        };
+        let vector = |v: Vec<f32>| {
+            let n = v.len();
+            Tensor::<B, 1>::from_data(TensorData::new(v, [n]), device)
+        };
+        (0..experts)
+            .map(|e| {
+                let gu = &gate_up[e * hidden * 2 * inter..(e + 1) * hidden * 2 * inter];
+                let dn = &down[e * inter * hidden..(e + 1) * inter * hidden];
+                let gub = &gate_up_bias[e * 2 * inter..(e + 1) * 2 * inter];
+                // `[out, in]` rows: output column `2i + parity` of the `[in, out]` matrix.
+                let half = |parity: usize| -> Vec<f32> {
+                    (0..inter)
+                        .flat_map(|i| (0..hidden).map(move |h| gu[h * 2 * inter + 2 * i + parity]))
+                        .collect()
+                };
+                let down_t: Vec<f32> = (0..hidden)
+                    .flat_map(|h| (0..inter).map(move |i| dn[i * hidden + h]))
+                    .collect();
+                Ok(Self {
+                    gate: linear(host(half(0), inter, hidden), inter, hidden)?,
+                    up: linear(host(half(1), inter, hidden), inter, hidden)?,
+                    down: linear(host(down_t, hidden, inter), hidden, inter)?,
+                    gate_bias: vector(gub.iter().step_by(2).copied().collect()),
+                    up_bias: vector(gub.iter().skip(1).step_by(2).copied().collect()),
+                    down_bias: vector(down_bias[e * hidden..(e + 1) * hidden].to_vec()),
+                    alpha,
+                    limit,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One expert of an MoE block.
+pub enum Expert<B: Backend> {
+    Gated(GatedMlp<B>),
+    ClampedSwiGlu(ClampedSwiGluMlp<B>),
+}
+
+impl<B: EngineOps> Expert<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            Expert::Gated(m) => m.forward(x),
+            Expert::ClampedSwiGlu(m) => m.forward(x),
+        }
+    }
+}
+
 /// Router plus experts of one MoE layer.
 pub struct MoeBlock<B: Backend> {
     router: Linear<B>,
-    experts: Vec<GatedMlp<B>>,
+    /// GPT-OSS: the router's bias, added to its logits.
+    router_bias: Option<Tensor<B, 1>>,
+    experts: Vec<Expert<B>>,
     top_k: usize,
     routing: Routing,
 }
@@ -230,12 +334,14 @@ pub struct MoeBlock<B: Backend> {
 impl<B: EngineOps> MoeBlock<B> {
     pub fn new(
         router: Linear<B>,
-        experts: Vec<GatedMlp<B>>,
+        router_bias: Option<Tensor<B, 1>>,
+        experts: Vec<Expert<B>>,
         top_k: usize,
         routing: Routing,
     ) -> Self {
         Self {
             router,
+            router_bias,
             experts,
             top_k,
             routing,
@@ -263,9 +369,11 @@ impl<B: EngineOps> MoeBlock<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let [tokens, hidden] = x.dims();
         let device = x.device();
-        let logits = self
-            .router
-            .forward(x.clone())
+        let mut logits = self.router.forward(x.clone());
+        if let Some(b) = &self.router_bias {
+            logits = logits + b.clone().unsqueeze();
+        }
+        let logits = logits
             .cast(burn::tensor::FloatDType::F32)
             .into_data()
             .to_vec::<f32>()
@@ -334,9 +442,12 @@ impl<B: EngineOps> Mlp<B> {
                 let n = |s: &str| p(&format!("{expert}.{e}.{s}.weight"));
                 let (g, u, d) = (n(gate), n(up), n(down));
                 GatedMlp::load(ld, [&g, &u, &d], hidden, m.expert_intermediate_size)
+                    .map(Expert::Gated)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Mlp::Moe(MoeBlock::new(router, experts, m.top_k, m.routing)))
+        Ok(Mlp::Moe(MoeBlock::new(
+            router, None, experts, m.top_k, m.routing,
+        )))
     }
 }
 
@@ -427,17 +538,17 @@ mod tests {
         };
         let (router, rw) = dense(n_exp, hidden);
         let mut host = Vec::new();
-        let experts: Vec<GatedMlp<Flex>> = (0..n_exp)
+        let experts: Vec<Expert<Flex>> = (0..n_exp)
             .map(|_| {
                 let (gate, gw) = dense(inter, hidden);
                 let (up, uw) = dense(inter, hidden);
                 let (down, dw) = dense(hidden, inter);
                 host.push((gw, uw, dw));
-                GatedMlp { gate, up, down }
+                Expert::Gated(GatedMlp { gate, up, down })
             })
             .collect();
         let routing = Routing::SoftmaxTopK { renormalize: false };
-        let block = MoeBlock::new(router, experts, 2, routing);
+        let block = MoeBlock::new(router, None, experts, 2, routing);
         let x = crate::test_support::rand(tokens * hidden, &mut seed);
         let got = block
             .forward(Tensor::from_data(
@@ -478,5 +589,115 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "token {t}: {a} vs {b}");
             }
         }
+    }
+
+    /// GPT-OSS experts from the stacked `[in, out]` tensors with interleaved gate/up, routed
+    /// top-k-then-softmax with a router bias, equal a per-token reference that reads the
+    /// checkpoint layout directly.
+    #[test]
+    fn gpt_oss_experts_equal_a_reference_on_the_checkpoint_layout() {
+        use burn::backend::flex::{Flex, FlexDevice};
+        let dev = FlexDevice;
+        let (e_n, hidden, inter, tokens, k) = (3usize, 4usize, 3usize, 5usize, 2usize);
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        let mut seed = 21u64;
+        let mut rnd = |n: usize, s: f32| -> Vec<f32> {
+            crate::test_support::rand(n, &mut seed)
+                .into_iter()
+                .map(|v| v * s)
+                .collect()
+        };
+        // Large weights so both clamps bite.
+        let gate_up = rnd(e_n * hidden * 2 * inter, 40.0);
+        let gub = rnd(e_n * 2 * inter, 1.0);
+        let down = rnd(e_n * inter * hidden, 2.0);
+        let db = rnd(e_n * hidden, 1.0);
+        let rw = rnd(e_n * hidden, 2.0);
+        let rb = rnd(e_n, 1.0);
+        let x = rnd(tokens * hidden, 1.0);
+        let dense = |t: HostTensor, rows: usize, cols: usize| -> Result<Linear<Flex>, ModelError> {
+            let (_, data) = t.into_f32();
+            let w = Tensor::<Flex, 2>::from_data(TensorData::new(data, [rows, cols]), &dev);
+            Ok(Linear::Dense {
+                w: w.into_primitive().tensor(),
+                rows,
+                cols,
+            })
+        };
+        let experts = ClampedSwiGluMlp::<Flex>::experts_from_stacked(
+            &gate_up,
+            &gub,
+            &down,
+            &db,
+            (e_n, hidden, inter),
+            (alpha, limit),
+            &dev,
+            &dense,
+        )
+        .expect("experts");
+        let router = dense(
+            HostTensor::F32 {
+                shape: vec![e_n, hidden],
+                data: rw.clone(),
+            },
+            e_n,
+            hidden,
+        )
+        .expect("router");
+        let bias = Tensor::<Flex, 1>::from_data(TensorData::new(rb.clone(), [e_n]), &dev);
+        let experts = experts.into_iter().map(Expert::ClampedSwiGlu).collect();
+        let block = MoeBlock::new(router, Some(bias), experts, k, Routing::TopKSoftmax);
+        let got = block
+            .forward(Tensor::from_data(
+                TensorData::new(x.clone(), [tokens, hidden]),
+                &dev,
+            ))
+            .into_data()
+            .to_vec::<f32>()
+            .expect("f32");
+        let mut clamped = 0;
+        for t in 0..tokens {
+            let xt = &x[t * hidden..(t + 1) * hidden];
+            let logits: Vec<f32> = (0..e_n)
+                .map(|e| rb[e] + (0..hidden).map(|h| rw[e * hidden + h] * xt[h]).sum::<f32>())
+                .collect();
+            let mut want = vec![0f32; hidden];
+            for (e, w) in route(&logits, k, Routing::TopKSoftmax) {
+                // gu = x @ gate_up[e] + b; gate = gu[0::2], up = gu[1::2].
+                let gu: Vec<f32> = (0..2 * inter)
+                    .map(|c| {
+                        gub[e * 2 * inter + c]
+                            + (0..hidden)
+                                .map(|h| {
+                                    xt[h] * gate_up[e * hidden * 2 * inter + h * 2 * inter + c]
+                                })
+                                .sum::<f32>()
+                    })
+                    .collect();
+                let act: Vec<f32> = (0..inter)
+                    .map(|i| {
+                        let (g, u) = (gu[2 * i], gu[2 * i + 1]);
+                        clamped += (g > limit || u.abs() > limit) as usize;
+                        let g = g.min(limit);
+                        let u = u.clamp(-limit, limit);
+                        (u + 1.0) * g / (1.0 + (-alpha * g).exp())
+                    })
+                    .collect();
+                for (h, o) in want.iter_mut().enumerate() {
+                    let y = db[e * hidden + h]
+                        + (0..inter)
+                            .map(|i| act[i] * down[e * inter * hidden + i * hidden + h])
+                            .sum::<f32>();
+                    *o += w * y;
+                }
+            }
+            for (a, b) in got[t * hidden..(t + 1) * hidden].iter().zip(&want) {
+                assert!(
+                    (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                    "token {t}: {a} vs {b}"
+                );
+            }
+        }
+        assert!(clamped > 0, "the test weights never reach the clamp");
     }
 }
