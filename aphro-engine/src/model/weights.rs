@@ -150,7 +150,7 @@ impl GgufWeights {
         let mut shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         if let Some(e) = expert {
             let count = shape.first().copied().unwrap_or(0);
-            if info.dims.len() != 3 || e >= count || bytes.len() % count != 0 {
+            if info.dims.len() != 3 || e >= count || !bytes.len().is_multiple_of(count) {
                 return Err(ModelError::Weights(format!(
                     "{}: no expert {e} in a tensor of shape {shape:?}",
                     info.name
