@@ -10,10 +10,9 @@
 use std::path::PathBuf;
 
 use aphro_engine::engine::{Engine, EngineConfig};
-use aphro_engine::model::{load_flex_runner, LlamaRunner, ModelDType, ModelLoadConfig};
+use aphro_engine::model::{load_flex_runner, ModelDType, ModelLoadConfig};
 use aphro_engine::request::{EngineRequest, SamplingConfig};
 use aphro_engine::runner::{BatchInput, LogitsWanted, ModelRunner, SeqInput};
-use burn::backend::Flex;
 use futures::executor::block_on;
 use futures::StreamExt;
 use serde_json::Value;
@@ -125,7 +124,7 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
 }
 
 /// Whole-prompt prefill, then greedy decode on the runner; (ids, logits of every step).
-fn greedy(r: &mut LlamaRunner<Flex>, prompt: &[u32], max_new: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+fn greedy(r: &mut dyn ModelRunner, prompt: &[u32], max_new: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     let table: Vec<u32> = (0..(prompt.len() + max_new).div_ceil(BLOCK) as u32).collect();
     let mut step = |toks: &[u32], start: usize| {
         let batch = BatchInput {
@@ -518,6 +517,53 @@ fn gguf_moe_matches_transformers_and_runs_quantized_experts() {
             let c = cos(l, reference);
             assert!(c > 0.99, "{model} Q8_0 experts, {how}: cosine {c}");
             eprintln!("{model} Q8_0 experts, {how}: cosine {c:.6}");
+        }
+    }
+}
+
+/// The MoE models on the CubeCL path (burn-wgpu; lavapipe in CI): the same ids and
+/// last-prompt logits as transformers. Qwen3-MoE only by default (lavapipe runs the three
+/// in about a minute on two cores); `APHRO_WGPU_ALL=1` runs all of them.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_moe_matches_transformers() {
+    use aphro_engine::backend::wgpu::{WgpuBackend, WgpuDevice};
+    use aphro_engine::model::load_runner_on;
+    let dev = WgpuDevice::default();
+    let probe = dev.clone();
+    let works = std::panic::catch_unwind(move || {
+        burn::tensor::Tensor::<WgpuBackend, 1>::ones([4], &probe)
+            .into_data()
+            .to_vec::<f32>()
+            .is_ok_and(|v| v == vec![1.0; 4])
+    });
+    if !works.unwrap_or(false) {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        assert!(
+            !ci,
+            "no working wgpu adapter under CI: install mesa-vulkan-drivers"
+        );
+        eprintln!("SKIPPED: no working wgpu/Vulkan adapter (install mesa-vulkan-drivers)");
+        return;
+    }
+    let models = if std::env::var_os("APHRO_WGPU_ALL").is_some() {
+        MODELS
+    } else {
+        &MODELS[..1]
+    };
+    for model in models {
+        let mut r = load_runner_on::<WgpuBackend>(&load_cfg(model), &dev).expect("loads on wgpu");
+        let (single, _) = cases(model);
+        for c in &single {
+            let (got, logits) = greedy(&mut r, &c.prompt, c.max_new);
+            check_ids(c, &got, "wgpu");
+            if c.logits_file.is_some() {
+                let (diff, scale) = check_last_logits(c, &logits[0]);
+                eprintln!(
+                    "{} (wgpu): logits max |diff| {diff:.2e} (scale {scale:.2})",
+                    c.id
+                );
+            }
         }
     }
 }
