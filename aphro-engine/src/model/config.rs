@@ -2,10 +2,19 @@
 
 use aphro_core::gguf::GgufFile;
 
+use super::moe::MoeConfig;
 use super::ModelError;
 
 /// The architectures whose forward pass [`super::llama`] implements.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "olmoe",
+];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
@@ -28,6 +37,10 @@ pub struct LlamaConfig {
     pub qkv_bias: bool,
     /// Qwen3: per-head RMSNorm on Q and K before RoPE.
     pub qk_norm: bool,
+    /// OLMoE: the Q/K RMSNorm spans the whole projection (all heads), not one head.
+    pub qk_norm_whole: bool,
+    /// Mixture-of-experts feed-forward (Qwen3-MoE, Mixtral, OLMoE); `None`: dense MLP.
+    pub moe: Option<MoeConfig>,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -44,7 +57,9 @@ fn arch_flags(arch: &str) -> Result<(bool, bool), ModelError> {
     match arch {
         "llama" | "mistral" => Ok((false, false)),
         "qwen2" => Ok((true, false)),
-        "qwen3" => Ok((false, true)),
+        // `qwen3moe`: llama.cpp's name for Qwen3-MoE.
+        "qwen3" | "qwen3_moe" | "qwen3moe" | "olmoe" => Ok((false, true)),
+        "mixtral" => Ok((false, false)),
         other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
     }
 }
@@ -59,6 +74,7 @@ impl LlamaConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let arch = g.architecture()?.to_string();
         let (qkv_bias, qk_norm) = arch_flags(&arch)?;
+        let moe = MoeConfig::from_gguf(&arch, g)?;
         let int = |k: &str| -> Result<usize, ModelError> {
             let v = g.arch_i64(k)?;
             usize::try_from(v).map_err(|_| ModelError::Config(format!("{arch}.{k} = {v}")))
@@ -78,7 +94,12 @@ impl LlamaConfig {
         let cfg = Self {
             vocab_size,
             hidden_size,
-            intermediate_size: int("feed_forward_length")?,
+            // An all-MoE GGUF may lack the dense width.
+            intermediate_size: match (int("feed_forward_length"), &moe) {
+                (Ok(v), _) => v,
+                (Err(_), Some(m)) => m.expert_intermediate_size,
+                (Err(e), None) => return Err(e),
+            },
             num_layers: int("block_count")?,
             num_heads,
             num_kv_heads,
@@ -94,6 +115,8 @@ impl LlamaConfig {
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
             qkv_bias,
             qk_norm,
+            qk_norm_whole: arch == "olmoe",
+            moe,
             eos_token_ids: eos.into_iter().collect(),
             architecture: arch,
         };
@@ -110,7 +133,9 @@ impl LlamaConfig {
             .unwrap_or_default();
         let model_type = v.get("model_type").and_then(|s| s.as_str()).unwrap_or("");
         let arch = match model_type {
-            "llama" | "mistral" | "qwen2" | "qwen3" => model_type.to_string(),
+            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "olmoe" => {
+                model_type.to_string()
+            }
             _ => {
                 return Err(ModelError::UnsupportedArchitecture(if archs.is_empty() {
                     model_type.to_string()
@@ -179,6 +204,8 @@ impl LlamaConfig {
                     .and_then(|x| x.as_bool())
                     .unwrap_or(false),
             qk_norm,
+            qk_norm_whole: arch == "olmoe",
+            moe: MoeConfig::from_hf_json(&arch, v)?,
             eos_token_ids,
             architecture: arch,
         };

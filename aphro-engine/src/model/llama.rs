@@ -9,6 +9,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
 use super::config::LlamaConfig;
+use super::moe::Mlp;
 use super::ops::{AttnSeq, AttnShape, EngineOps};
 use super::quant::{QuantMatrix, QuantType};
 use super::weights::{HostTensor, WeightSource};
@@ -98,9 +99,7 @@ pub struct Layer<B: Backend> {
     q_norm: Option<Tensor<B, 1>>,
     k_norm: Option<Tensor<B, 1>>,
     ffn_norm: Tensor<B, 1>,
-    gate: Linear<B>,
-    up: Linear<B>,
-    down: Linear<B>,
+    mlp: Mlp<B>,
 }
 
 /// Per-step inputs the model needs besides the tokens.
@@ -140,7 +139,7 @@ pub enum WeightStorage {
     Dense16(burn::tensor::FloatDType),
 }
 
-struct Loader<'a, B: Backend> {
+pub(super) struct Loader<'a, B: Backend> {
     src: &'a dyn WeightSource,
     bar: &'a indicatif::ProgressBar,
     keep_quant: bool,
@@ -150,7 +149,7 @@ struct Loader<'a, B: Backend> {
 }
 
 impl<B: EngineOps> Loader<'_, B> {
-    fn host(&self, name: &str, keep_quant: bool) -> Result<HostTensor, ModelError> {
+    pub(super) fn host(&self, name: &str, keep_quant: bool) -> Result<HostTensor, ModelError> {
         let t = self
             .src
             .get(name, keep_quant)?
@@ -170,7 +169,7 @@ impl<B: EngineOps> Loader<'_, B> {
         Ok(())
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<Tensor<B, 1>, ModelError> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<Tensor<B, 1>, ModelError> {
         let (shape, data) = self.host(name, false)?.into_f32();
         Self::check(name, &shape, &[len])?;
         Ok(Tensor::from_data(TensorData::new(data, [len]), self.device))
@@ -183,8 +182,24 @@ impl<B: EngineOps> Loader<'_, B> {
         }
     }
 
-    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear<B>, ModelError> {
+    pub(super) fn linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Linear<B>, ModelError> {
         let t = self.host(name, self.keep_quant)?;
+        self.linear_from(name, t, rows, cols)
+    }
+
+    /// [`Self::linear`] from a tensor already in host memory (`name` labels errors).
+    pub(super) fn linear_from(
+        &self,
+        name: &str,
+        t: HostTensor,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Linear<B>, ModelError> {
         Self::check(name, &t.shape(), &[rows, cols])?;
         if let Some(ty) = self.half {
             let (_, data) = t.into_f32();
@@ -252,8 +267,13 @@ impl<B: EngineOps> Llama<B> {
         device: &B::Device,
         bar: &indicatif::ProgressBar,
     ) -> Result<Self, ModelError> {
-        let per_layer = 9 + 3 * cfg.qkv_bias as usize + 2 * cfg.qk_norm as usize;
-        bar.set_length((2 + cfg.num_layers * per_layer + !cfg.tie_word_embeddings as usize) as u64);
+        let per_layer = 6 + 3 * cfg.qkv_bias as usize + 2 * cfg.qk_norm as usize;
+        let mlps: usize = (0..cfg.num_layers)
+            .map(|l| Mlp::<B>::tensor_count(cfg.moe.as_ref(), l))
+            .sum();
+        bar.set_length(
+            (2 + cfg.num_layers * per_layer + mlps + !cfg.tie_word_embeddings as usize) as u64,
+        );
         let ld = Loader::<B> {
             src,
             bar,
@@ -286,9 +306,11 @@ impl<B: EngineOps> Llama<B> {
                     ld.opt_vector(&p(s), n)
                 }
             };
-            let norm = |s: &str| -> Result<Option<Tensor<B, 1>>, ModelError> {
+            // Per head (Qwen3) or over the whole projection (OLMoE).
+            let norm = |s: &str, whole: usize| -> Result<Option<Tensor<B, 1>>, ModelError> {
                 if cfg.qk_norm {
-                    ld.vector(&p(s), d).map(Some)
+                    let len = if cfg.qk_norm_whole { whole } else { d };
+                    ld.vector(&p(s), len).map(Some)
                 } else {
                     Ok(None)
                 }
@@ -302,12 +324,10 @@ impl<B: EngineOps> Llama<B> {
                 q_bias: bias("self_attn.q_proj.bias", qd)?,
                 k_bias: bias("self_attn.k_proj.bias", kvd)?,
                 v_bias: bias("self_attn.v_proj.bias", kvd)?,
-                q_norm: norm("self_attn.q_norm.weight")?,
-                k_norm: norm("self_attn.k_norm.weight")?,
+                q_norm: norm("self_attn.q_norm.weight", qd)?,
+                k_norm: norm("self_attn.k_norm.weight", kvd)?,
                 ffn_norm: ld.vector(&p("post_attention_layernorm.weight"), dm)?,
-                gate: ld.linear(&p("mlp.gate_proj.weight"), ff, dm)?,
-                up: ld.linear(&p("mlp.up_proj.weight"), ff, dm)?,
-                down: ld.linear(&p("mlp.down_proj.weight"), dm, ff)?,
+                mlp: Mlp::load(&ld, cfg.moe.as_ref(), i, dm, ff)?,
             });
         }
         let norm = ld.vector("model.norm.weight", dm)?;
@@ -393,10 +413,15 @@ impl<B: EngineOps> Llama<B> {
                 v = v + b.clone().unsqueeze();
             }
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                q = self.rms_norm(q.reshape([t * h, d]), qn).reshape([t, h * d]);
-                k = self
-                    .rms_norm(k.reshape([t * kvh, d]), kn)
-                    .reshape([t, kvh * d]);
+                if cfg.qk_norm_whole {
+                    q = self.rms_norm(q, qn);
+                    k = self.rms_norm(k, kn);
+                } else {
+                    q = self.rms_norm(q.reshape([t * h, d]), qn).reshape([t, h * d]);
+                    k = self
+                        .rms_norm(k.reshape([t * kvh, d]), kn)
+                        .reshape([t, kvh * d]);
+                }
             }
             let q: Tensor<B, 2> = wrap(B::rope(unwrap(q), h, &cos, &sin));
             let k: Tensor<B, 2> = wrap(B::rope(unwrap(k), kvh, &cos, &sin));
@@ -414,8 +439,7 @@ impl<B: EngineOps> Llama<B> {
             v_cache[l] = Some(vc);
             x = x + layer.o.forward(attn);
             let hn = self.rms_norm(x.clone(), &layer.ffn_norm);
-            let [g, u] = Linear::forward_many([&layer.gate, &layer.up], hn);
-            x = x + layer.down.forward(wrap(B::swiglu(unwrap(g), unwrap(u))));
+            x = x + layer.mlp.forward(hn);
             snap(&x, format!("layer.{l}"), &mut trace);
         }
         let x = self.rms_norm(x, &self.norm);

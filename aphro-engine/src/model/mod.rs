@@ -5,6 +5,7 @@ pub mod config;
 pub mod cpu;
 pub mod flash;
 pub mod llama;
+pub mod moe;
 pub mod ops;
 pub mod quant;
 pub mod runner;
@@ -29,7 +30,7 @@ pub enum ModelError {
     Io(PathBuf, std::io::Error),
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported model architecture {0:?} (supported: llama, mistral, qwen2, qwen3)")]
+    #[error("unsupported model architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, olmoe)")]
     UnsupportedArchitecture(String),
     #[error("tensor {name} has type {ty}, which this engine cannot load")]
     UnsupportedTensorType { name: String, ty: String },

@@ -72,11 +72,31 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
+        // MoE routers (Qwen-MoE/OLMoE, Mixtral).
+        "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
         "input_layernorm" => "attn_norm",
         "post_attention_layernorm" => "ffn_norm",
         _ => return None,
     };
     Some(format!("blk.{layer}.{g}.{suffix}"))
+}
+
+/// An HF per-expert weight name → (GGUF name of the stacked `[experts, rows, cols]` tensor,
+/// expert index). llama.cpp stores each layer's experts as one 3-D tensor.
+pub fn gguf_expert_name(hf: &str) -> Option<(String, usize)> {
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let rest = rest
+        .strip_prefix("mlp.experts.")
+        .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
+    let (expert, part) = rest.split_once('.')?;
+    let g = match part {
+        "gate_proj.weight" | "w1.weight" => "ffn_gate_exps",
+        "up_proj.weight" | "w3.weight" => "ffn_up_exps",
+        "down_proj.weight" | "w2.weight" => "ffn_down_exps",
+        _ => return None,
+    };
+    Some((format!("blk.{layer}.{g}.weight"), expert.parse().ok()?))
 }
 
 /// Undo llama.cpp's Q/K row permutation: GGUF row `h*d + 2i + j` holds HF row `h*d + j*d/2 + i`.
@@ -112,10 +132,35 @@ impl GgufWeights {
         keep_quant: bool,
         heads: Option<usize>,
     ) -> Result<HostTensor, ModelError> {
-        let bytes = self.file.tensor_data(info);
-        let n = info.n_elements() as usize;
+        self.load_part(info, keep_quant, heads, None)
+    }
+
+    /// [`Self::load`]; `expert` = `Some(e)` takes expert `e` of a stacked 3-D expert tensor
+    /// (its slowest dimension), a contiguous run of whole rows in every ggml format.
+    fn load_part(
+        &self,
+        info: &GgufTensorInfo,
+        keep_quant: bool,
+        heads: Option<usize>,
+        expert: Option<usize>,
+    ) -> Result<HostTensor, ModelError> {
+        let mut bytes = self.file.tensor_data(info);
+        let mut n = info.n_elements() as usize;
         // GGUF dims are fastest-first; HF shape is the reverse.
-        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let mut shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        if let Some(e) = expert {
+            let count = shape.first().copied().unwrap_or(0);
+            if info.dims.len() != 3 || e >= count || !bytes.len().is_multiple_of(count) {
+                return Err(ModelError::Weights(format!(
+                    "{}: no expert {e} in a tensor of shape {shape:?}",
+                    info.name
+                )));
+            }
+            let per = bytes.len() / count;
+            bytes = &bytes[e * per..(e + 1) * per];
+            n /= count;
+            shape.remove(0);
+        }
         let quant = match info.ggml_type {
             GgmlType::F32 => {
                 let data = bytes
@@ -186,6 +231,12 @@ impl GgufWeights {
 
 impl WeightSource for GgufWeights {
     fn get(&self, name: &str, keep_quant: bool) -> Result<Option<HostTensor>, ModelError> {
+        if let Some((g, e)) = gguf_expert_name(name) {
+            let Some(info) = self.file.tensor_info(&g) else {
+                return Ok(None);
+            };
+            return self.load_part(info, keep_quant, None, Some(e)).map(Some);
+        }
         let Some(g) = gguf_name(name) else {
             return Ok(None);
         };
@@ -328,6 +379,18 @@ mod tests {
             Some("blk.0.ffn_norm.weight")
         );
         assert_eq!(gguf_name("model.layers.0.weird.weight"), None);
+        assert_eq!(
+            gguf_name("model.layers.2.block_sparse_moe.gate.weight").as_deref(),
+            Some("blk.2.ffn_gate_inp.weight")
+        );
+        assert_eq!(
+            gguf_expert_name("model.layers.1.mlp.experts.7.down_proj.weight"),
+            Some(("blk.1.ffn_down_exps.weight".into(), 7))
+        );
+        assert_eq!(
+            gguf_expert_name("model.layers.0.block_sparse_moe.experts.3.w3.weight"),
+            Some(("blk.0.ffn_up_exps.weight".into(), 3))
+        );
     }
 
     #[test]
