@@ -123,7 +123,7 @@ pub struct Classification {
 /// Which encoder runs the forward passes.
 enum Encoder<B: Backend> {
     /// The CPU: packed sequences on host slices ([`super::host`]).
-    Host(HostBertEncoder),
+    Host(Box<HostBertEncoder>),
     /// Any burn backend: padded batches of tensors ([`super::bert`]).
     Burn(BertEncoder<B>),
 }
@@ -143,7 +143,8 @@ impl Embedder<Flex> {
     /// sentence-transformers' files when present) on the CPU, with the packed host encoder.
     pub fn load(dir: &Path) -> Result<Self, PoolingError> {
         Self::load_with(dir, |config, weights, num_labels| {
-            HostBertEncoder::load(config.bert.clone(), weights, num_labels).map(Encoder::Host)
+            HostBertEncoder::load(config.bert.clone(), weights, num_labels)
+                .map(|m| Encoder::Host(Box::new(m)))
         })
     }
 }
