@@ -38,16 +38,17 @@ fn main() -> Result<(), Error> {
         one(t)?;
     }
 
-    let start = Instant::now();
+    let (start, cpu0) = (Instant::now(), cpu_seconds());
     for t in &texts {
         one(t)?;
     }
     let batch1 = texts.len() as f64 / start.elapsed().as_secs_f64();
+    let batch1_cpu = cpu_ms_per_embedding(cpu0, texts.len());
 
     let concurrency = 32;
     let before = model.batch_stats();
     let next = AtomicUsize::new(0);
-    let start = Instant::now();
+    let (start, cpu0) = (Instant::now(), cpu_seconds());
     std::thread::scope(|s| -> Result<(), Error> {
         let workers: Vec<_> = (0..concurrency)
             .map(|_| {
@@ -68,6 +69,7 @@ fn main() -> Result<(), Error> {
         Ok(())
     })?;
     let concurrent = texts.len() as f64 / start.elapsed().as_secs_f64();
+    let concurrent_cpu = cpu_ms_per_embedding(cpu0, texts.len());
     let after = model.batch_stats();
     let forwards = after.forwards - before.forwards;
     let calls = after.calls - before.calls;
@@ -76,19 +78,43 @@ fn main() -> Result<(), Error> {
         println!(
             "{}",
             serde_json::json!({"texts": texts.len(), "batch1_emb_s": batch1,
+                "batch1_cpu_ms": batch1_cpu, "concurrent_cpu_ms": concurrent_cpu,
                 "concurrent": concurrency, "concurrent_emb_s": concurrent,
                 "calls": calls, "forwards": forwards})
         );
     } else {
-        println!("| aphro (burn, CPU) | embeddings/s |");
-        println!("| --- | ---: |");
+        println!("| aphro (CPU) | embeddings/s | CPU ms per embedding |");
+        println!("| --- | ---: | ---: |");
         println!(
-            "| batch 1 ({} texts, one call each) | {batch1:.1} |",
+            "| batch 1 ({} texts, one call each) | {batch1:.1} | {batch1_cpu:.1} |",
             texts.len()
         );
         println!(
-            "| {concurrency} concurrent callers ({calls} calls in {forwards} forward passes) | {concurrent:.1} |"
+            "| {concurrency} concurrent callers ({calls} calls in {forwards} forward passes) | {concurrent:.1} | {concurrent_cpu:.1} |"
         );
     }
     Ok(())
+}
+
+/// CPU time of this process so far (user + system, all threads) from `/proc/self/stat`, in
+/// seconds; 0 where it cannot be read. On a shared machine wall-clock throughput depends on
+/// the other load, CPU time per embedding much less.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesized command name: utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // Clock ticks: 100 per second on Linux.
+    f.iter().sum::<f64>() / 100.0
+}
+
+fn cpu_ms_per_embedding(cpu0: f64, n: usize) -> f64 {
+    (cpu_seconds() - cpu0) * 1000.0 / n as f64
 }

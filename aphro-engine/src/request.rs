@@ -43,6 +43,10 @@ pub struct SamplingConfig {
     /// Additive biases, clamped to [-100, 100].
     pub logit_bias: Vec<(u32, f64)>,
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// With `logprobs`: the candidates reported at each generated position are exactly these
+    /// ids, in this order, instead of the top-k (vLLM's `logprob_token_ids`; generative
+    /// scoring reads its label tokens through it).
+    pub logprob_token_ids: Option<Vec<u32>>,
     /// Structured outputs: the compiled constraint, fresh (each choice advances its own copy).
     pub grammar: Option<GrammarMatcher>,
 }
@@ -68,6 +72,7 @@ impl Default for SamplingConfig {
             prompt_logprobs: None,
             logit_bias: Vec::new(),
             allowed_token_ids: None,
+            logprob_token_ids: None,
             grammar: None,
         }
     }
@@ -201,6 +206,8 @@ pub struct SamplingPlan {
     pub prompt_logprobs: Option<usize>,
     pub logit_bias: Vec<(u32, f32)>,
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// See [`SamplingConfig::logprob_token_ids`].
+    pub logprob_token_ids: Option<Vec<u32>>,
 }
 
 impl SamplingConfig {
@@ -307,6 +314,14 @@ impl SamplingConfig {
                 return Err(ValidationError::param(
                     "allowed_token_ids",
                     "allowed_token_ids contains out-of-vocab token id!".into(),
+                ));
+            }
+        }
+        if let Some(ids) = &self.logprob_token_ids {
+            if ids.iter().any(|&t| t as usize >= vocab) {
+                return Err(ValidationError::param(
+                    "logprob_token_ids",
+                    "logprob_token_ids contains out-of-vocab token id!".into(),
                 ));
             }
         }
@@ -423,6 +438,7 @@ impl SamplingConfig {
                 .map(|&(t, b)| (t, b.clamp(-100.0, 100.0) as f32))
                 .collect(),
             allowed_token_ids: self.allowed_token_ids.clone(),
+            logprob_token_ids: self.logprob_token_ids.clone(),
         })
     }
 }

@@ -123,9 +123,14 @@ pub fn sample(
             .unwrap_or(token_id),
         _ => token_id,
     };
-    let logprobs = plan
-        .logprobs
-        .map(|k| position_logprobs(row, token_id, k, &mut scratch.order));
+    let logprobs = plan.logprobs.map(|k| match &plan.logprob_token_ids {
+        Some(ids) => {
+            let mut lp = position_logprobs(row, token_id, 0, &mut scratch.order);
+            lp.top = ids.iter().map(|&t| token_logprob(row, t)).collect();
+            lp
+        }
+        None => position_logprobs(row, token_id, k, &mut scratch.order),
+    });
     Sampled { token_id, logprobs }
 }
 
@@ -259,6 +264,11 @@ fn sample_random(
     }
     // Rounding left `target` just past the sum: the last candidate.
     order.last().copied().unwrap_or_else(|| argmax(l))
+}
+
+/// Log-softmax of the raw row at `token`, with its rank (1 = the most likely).
+pub fn token_logprob(row: &[f32], token: u32) -> Logprob {
+    position_logprobs(row, token, 0, &mut Vec::new()).chosen
 }
 
 /// Log-softmax of the raw row for `token`, plus the `k` most likely candidates by rank.

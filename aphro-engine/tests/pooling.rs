@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use aphro_engine::pooling::{
     EmbedInput, EmbedOptions, Embedder, PoolingError, PoolingTask, ScoreOptions, TruncationSide,
 };
+use burn::backend::flex::{Flex, FlexDevice};
 use serde_json::Value;
 
 /// Cosine distance allowed between an embedding and its golden (issue 17).
@@ -54,12 +55,22 @@ fn minilm() -> &'static Embedder {
     })
 }
 
+/// The cross-encoder of [`cross_encoder_dir`] on the CPU.
+fn cross_encoder() -> &'static Embedder {
+    static M: OnceLock<Embedder> = OnceLock::new();
+    M.get_or_init(|| {
+        Embedder::load(cross_encoder_dir())
+            .expect("cross-encoder loads")
+            .with_served_name("minilm-cross-encoder")
+    })
+}
+
 /// The cross-encoder folder as `compose_model_dir.py` writes it: MiniLM's tensors renamed
 /// `bert.X` (the `position_ids` buffer dropped), the head's tensors, the head's config and
 /// MiniLM's tokenizer files, and no sentence-transformers files.
-fn cross_encoder() -> &'static Embedder {
-    static M: OnceLock<(tempfile::TempDir, Embedder)> = OnceLock::new();
-    &M.get_or_init(|| {
+fn cross_encoder_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
         let src = minilm_dir();
         let out = tempfile::tempdir().expect("tempdir");
         let base = std::fs::read(src.join("model.safetensors")).expect("read MiniLM");
@@ -90,12 +101,9 @@ fn cross_encoder() -> &'static Embedder {
         ] {
             std::fs::copy(src.join(f), out.path().join(f)).expect("copy tokenizer file");
         }
-        let m = Embedder::load(out.path())
-            .expect("cross-encoder loads")
-            .with_served_name("minilm-cross-encoder");
-        (out, m)
+        out
     })
-    .1
+    .path()
 }
 
 fn input_of(case: &Value) -> EmbedInput {
@@ -318,6 +326,48 @@ fn concurrent_calls_are_batched_and_equal_single_ones() {
         forwards >= 1 && forwards < calls,
         "{forwards} forwards for {calls} calls"
     );
+}
+
+/// The burn encoder (what the GPU backends run; here on the CPU backend): padded batches
+/// with a key mask give the goldens too, in one batched call of mixed lengths; and the
+/// cross-encoder's logits through its pooler and classifier.
+#[test]
+fn burn_encoder_matches_goldens() {
+    let m = Embedder::<Flex>::load_on(&minilm_dir(), &FlexDevice).expect("MiniLM loads");
+    let cases = jsonl("embeddings.jsonl");
+    let plain: Vec<&Value> = cases
+        .iter()
+        .filter(|c| c["request"].is_null() || c["request"] == serde_json::json!({}))
+        .take(12)
+        .collect();
+    let inputs: Vec<EmbedInput> = plain.iter().map(|c| input_of(c)).collect();
+    let opts = EmbedOptions {
+        truncate_prompt_tokens: Some(-1),
+        ..EmbedOptions::default()
+    };
+    let out = m.embed(&inputs, &opts).expect("batch embeds");
+    for (case, e) in plain.iter().zip(&out) {
+        let id = case["id"].as_str().expect("id");
+        let abs = max_abs(&e.embedding, &floats(&case["embedding"]));
+        assert!(
+            abs <= EMBED_ABS_TOL,
+            "{id}: burn encoder max abs diff {abs:e}"
+        );
+    }
+    let dir = cross_encoder_dir();
+    let ce = Embedder::<Flex>::load_on(dir, &FlexDevice).expect("cross-encoder loads");
+    for case in jsonl("cross_encoder_score.jsonl").iter().take(4) {
+        let (q, d) = (
+            case["query"].as_str().expect("query"),
+            case["document"].as_str().expect("document"),
+        );
+        let logit = ce.pair_logits(q, d).expect("logits")[0];
+        let want = case["logit"].as_f64().expect("logit") as f32;
+        assert!(
+            (logit - want).abs() <= SCORE_TOL,
+            "burn cross-encoder logit {logit} vs {want}"
+        );
+    }
 }
 
 /// vLLM's refusals of over-long input carry its message; `-1` truncates instead.

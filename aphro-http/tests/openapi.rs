@@ -396,6 +396,21 @@ fn integrated_server_matches_its_document() {
     common_routes(&api, "smol");
     anthropic_routes(&api, &doc);
     kobold_routes(&api, &doc);
+    let g = api
+        .post(
+            "/generative_scoring",
+            &json!({"model": "smol", "query": "The capital of France is",
+                    "items": [" Paris.", " Rome."], "label_token_ids": [1, 2]}),
+        )
+        .body;
+    assert_eq!(g["data"].as_array().map(Vec::len), Some(2), "{g}");
+    api.post_refused(
+        "/generative_scoring",
+        &json!({"query": "q", "items": ["a"], "label_token_ids": []}),
+        400,
+        false,
+    );
+    api.post_refused("/generative_scoring", &json!({"query": "q"}), 400, true);
 
     // Chat, non-streaming with logprobs and a stop list.
     let chat_req = chat(json!({"logprobs": true, "top_logprobs": 2, "stop": ["\n\n"]}));
@@ -958,6 +973,7 @@ fn pooling_server_matches_its_document() {
         "/v1/chat/completions",
         "/v1/completions",
         "/tokenize",
+        "/generative_scoring",
     ] {
         assert!(!paths.contains(p), "{p} documented on a pooling server");
     }

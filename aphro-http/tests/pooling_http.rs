@@ -214,6 +214,53 @@ async fn embeddings_float_and_base64_match_goldens() {
         .collect();
     // The same vector as the float response, bit for bit.
     assert_eq!(decoded, floats(&data[0]["embedding"]));
+
+    // `embed_dtype` / `endianness` (vLLM's `tensor2binary`): the vector cast to the type,
+    // each element's bytes in the requested order; within half a unit in the last place of
+    // the type from the golden.
+    let golden_vec = floats(&hello["embedding"]);
+    for (dtype, endianness, width, tol) in [
+        ("float32", "big", 4, 1e-5f32),
+        ("float16", "little", 2, 5e-4),
+        ("float16", "big", 2, 5e-4),
+        ("bfloat16", "big", 2, 2e-3),
+        ("bfloat16", "native", 2, 2e-3),
+    ] {
+        let (status, b) = call(
+            "POST",
+            "/v1/embeddings",
+            Some(json!({"input": hello["input"], "encoding_format": "base64",
+                        "embed_dtype": dtype, "endianness": endianness})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{b}");
+        let bytes = base64_decode(b["data"][0]["embedding"].as_str().expect("base64 string"));
+        assert_eq!(bytes.len(), golden_vec.len() * width, "{dtype}");
+        let decoded: Vec<f32> = bytes
+            .chunks_exact(width)
+            .map(|c| {
+                let mut c = c.to_vec();
+                if endianness == "big" {
+                    c.reverse();
+                }
+                match dtype {
+                    "float16" => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
+                    "bfloat16" => half::bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+                    _ => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                }
+            })
+            .collect();
+        let diff = max_abs(&decoded, &golden_vec);
+        assert!(diff <= tol, "{dtype} {endianness}: {diff:e}");
+    }
+    let (status, e) = call(
+        "POST",
+        "/v1/embeddings",
+        Some(json!({"input": "a", "encoding_format": "base64", "embed_dtype": "fp8_e4m3"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
+    assert_eq!(e["error"]["param"], "embed_dtype");
 }
 
 #[tokio::test]

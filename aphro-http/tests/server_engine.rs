@@ -1073,3 +1073,152 @@ fn failed_engines_give_503_with_the_reason_on_every_route() {
         }
     }
 }
+
+/// The full-vocabulary logits at the last prompt position of an engine golden (HF float32).
+fn golden_logits(case: &Value) -> Vec<f64> {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/engine")
+        .join(
+            case["logits_check"]["full_logits_file"]
+                .as_str()
+                .expect("file"),
+        );
+    std::fs::read(file)
+        .expect("golden logits")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+        .collect()
+}
+
+/// `/generative_scoring` (endpoints.md §1.10) against HF float32's logits: two chat goldens share
+/// their system-prompt prefix (the query, as token ids) and differ after it (the items); each
+/// score is the first label's probability, over the labels (`apply_softmax`) or over the
+/// vocabulary. Text input tokenizes the query with special tokens and the item without;
+/// `item_first` swaps them; the refusals are vLLM's 400s.
+#[test]
+fn generative_scoring_matches_hf_logits() {
+    let model = gguf();
+    let mut args = vec!["serve", model.as_str(), "--served-model-name", "smol"];
+    args.extend(engine_flags());
+    args.extend(["--dtype", "float32"]);
+    let s = Server::start(&args);
+    let cases: Vec<Value> = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/engine/smollm2-135m-instruct.jsonl"),
+    )
+    .expect("engine goldens")
+    .lines()
+    .map(json)
+    .filter(|c: &Value| c["logits_check"].is_object())
+    .collect();
+    let case = |id: &str| cases.iter().find(|c| c["id"] == id).expect("case").clone();
+    let ids = |c: &Value| -> Vec<u64> {
+        c["prompt_token_ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|v| v.as_u64().expect("id"))
+            .collect()
+    };
+    let (fr, zh) = (case("chat-capital-france"), case("chat-zh-great-wall"));
+    let (a, b) = (ids(&fr), ids(&zh));
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(common > 10 && common < a.len().min(b.len()));
+    let labels = [504u32, 60, 180, 18, 15319];
+    let want = |c: &Value, softmax: bool| -> f64 {
+        let l = golden_logits(c);
+        if softmax {
+            let max = labels
+                .iter()
+                .map(|&t| l[t as usize])
+                .fold(f64::MIN, f64::max);
+            let sum: f64 = labels.iter().map(|&t| (l[t as usize] - max).exp()).sum();
+            (l[labels[0] as usize] - max).exp() / sum
+        } else {
+            let lse = c["logits_check"]["logsumexp"].as_f64().expect("lse");
+            (l[labels[0] as usize] - lse).exp()
+        }
+    };
+    for softmax in [true, false] {
+        let body = json!({"model": "smol", "query": &a[..common],
+            "items": [&a[common..], &b[common..]], "label_token_ids": labels,
+            "apply_softmax": softmax});
+        let (status, text) = s.post("/generative_scoring", &body, &[("x-request-id", "gs1")]);
+        assert_eq!(status, 200, "{text}");
+        let r = json(&text);
+        assert_eq!(r["id"], "generative-scoring-gs1");
+        assert_eq!(
+            (r["object"].as_str(), r["model"].as_str()),
+            (Some("list"), Some("smol"))
+        );
+        for (i, c) in [&fr, &zh].into_iter().enumerate() {
+            let d = &r["data"][i];
+            assert_eq!(
+                (d["index"].as_u64(), d["object"].as_str()),
+                (Some(i as u64), Some("score"))
+            );
+            let (got, want) = (d["score"].as_f64().expect("score"), want(c, softmax));
+            assert!(
+                (got - want).abs() <= 1e-3 * want.max(1e-3),
+                "item {i}: {got} vs HF {want}"
+            );
+        }
+        let prompt = (a.len() + b.len()) as u64;
+        assert_eq!(
+            r["usage"],
+            json!({"prompt_tokens": prompt, "total_tokens": prompt + 2, "completion_tokens": 2,
+                   "prompt_tokens_details": null})
+        );
+    }
+    // Text: the raw golden split into a query and an item tokenizes to the same ids.
+    let raw = case("raw-once-upon");
+    let text = raw["text"].as_str().expect("text");
+    let (q, item) = text.split_at(text.find(" by the sea").expect("split"));
+    let top = raw["logits_check"]["top20_token_ids"].clone();
+    let body = json!({"query": q, "items": [item], "label_token_ids": [top[0], top[1]]});
+    let (status, out) = s.post("/generative_scoring", &body, &[]);
+    assert_eq!(status, 200, "{out}");
+    let r = json(&out);
+    let l = golden_logits(&raw);
+    let (l0, l1) = (
+        l[top[0].as_u64().expect("id") as usize],
+        l[top[1].as_u64().expect("id") as usize],
+    );
+    let want = 1.0 / (1.0 + (l1 - l0).exp());
+    let got = r["data"][0]["score"].as_f64().expect("score");
+    assert!((got - want).abs() <= 1e-3, "text: {got} vs HF {want}");
+    assert_eq!(r["usage"]["prompt_tokens"], raw["n_prompt_tokens"]);
+    // item_first: the item's ids come first (here the whole prompt, the query empty text).
+    let body = json!({"query": "", "items": [text], "item_first": true,
+                      "label_token_ids": [top[0], top[1]]});
+    let (status, out) = s.post("/generative_scoring", &body, &[]);
+    assert_eq!(status, 200, "{out}");
+    let got = json(&out)["data"][0]["score"].as_f64().expect("score");
+    assert!((got - want).abs() <= 1e-3, "item_first: {got} vs HF {want}");
+    for (body, message) in [
+        (
+            json!({"query": "q", "items": ["a"], "label_token_ids": []}),
+            "label_token_ids must contain at least one token ID.".to_string(),
+        ),
+        (
+            json!({"query": "q", "items": ["a"], "label_token_ids": [49152]}),
+            "label_token_id 49152 is out of vocabulary range [0, 49152). Please provide valid \
+             token IDs."
+                .to_string(),
+        ),
+        (
+            json!({"query": "q", "items": [], "label_token_ids": [1]}),
+            "items must contain at least one item.".to_string(),
+        ),
+    ] {
+        let (status, out) = s.post("/generative_scoring", &body, &[]);
+        assert_eq!(status, 400, "{body}: {out}");
+        assert_eq!(json(&out)["error"]["message"], message, "{body}");
+    }
+    let (status, _) = s.post(
+        "/generative_scoring",
+        &json!({"model": "nope", "query": "q", "items": ["a"], "label_token_ids": [1]}),
+        &[],
+    );
+    assert_eq!(status, 404);
+}

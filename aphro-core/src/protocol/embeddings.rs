@@ -34,6 +34,28 @@ pub enum EncodingFormat {
     BytesOnly,
 }
 
+/// `embed_dtype`: the element type of `base64` and `bytes` vectors (`endpoints.md` §1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbedDType {
+    #[default]
+    Float32,
+    Float16,
+    Bfloat16,
+    Fp8E4m3,
+    Fp8E5m2,
+}
+
+/// `endianness` of `base64` and `bytes` vectors; `native` is the server's byte order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Endianness {
+    #[default]
+    Native,
+    Big,
+    Little,
+}
+
 /// The completion-style `/v1/embeddings` body. Unknown keys are accepted and ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EmbeddingRequest {
@@ -42,6 +64,10 @@ pub struct EmbeddingRequest {
     pub input: EmbeddingInput,
     #[serde(default)]
     pub encoding_format: EncodingFormat,
+    #[serde(default)]
+    pub embed_dtype: EmbedDType,
+    #[serde(default)]
+    pub endianness: Endianness,
     #[serde(default)]
     pub dimensions: Option<i64>,
     #[serde(default)]

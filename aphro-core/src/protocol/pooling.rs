@@ -324,3 +324,58 @@ pub struct RerankResponse {
     pub usage: RerankUsage,
     pub results: Vec<RerankResultData>,
 }
+
+/// `query` of `/generative_scoring`: text, or token ids used as given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum GenerativeScoringQuery {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// `items` of `/generative_scoring`: all texts or all token-id lists.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum GenerativeScoringItems {
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<u32>>),
+}
+
+/// `POST /generative_scoring` on a generative model (`openai/generative_scoring/`,
+/// `docs/spec/endpoints.md` §1.10): the probability of the first label token after each
+/// `query + item` prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GenerativeScoringRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub query: GenerativeScoringQuery,
+    pub items: GenerativeScoringItems,
+    pub label_token_ids: Vec<i64>,
+    /// Softmax over the label tokens only; `false`: the label's probability over the whole
+    /// vocabulary.
+    #[serde(default = "default_true")]
+    pub apply_softmax: bool,
+    /// The prompt is `item + query` instead of `query + item`.
+    #[serde(default)]
+    pub item_first: bool,
+    /// Applies to the query only; items are encoded without special tokens.
+    #[serde(default = "default_true")]
+    pub add_special_tokens: bool,
+    #[serde(default)]
+    pub priority: i64,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GenerativeScoringResponse {
+    /// `generative-scoring-<X-Request-Id, request_id or a random id>`.
+    pub id: String,
+    /// Always `"list"`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    /// One `"score"` per item, in item order.
+    pub data: Vec<ScoreData>,
+    pub usage: PoolingUsage,
+}

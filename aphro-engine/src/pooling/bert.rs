@@ -166,11 +166,7 @@ impl<B: Backend> BertEncoder<B> {
         num_labels: Option<usize>,
         device: &B::Device,
     ) -> Result<Self, PoolingError> {
-        let prefix = if src.contains("bert.embeddings.word_embeddings.weight") {
-            "bert."
-        } else {
-            ""
-        };
+        let prefix = tensor_prefix(src);
         let l = Loader::<B> {
             src,
             prefix,
@@ -314,6 +310,16 @@ impl<B: Backend> BertEncoder<B> {
 
     pub fn num_labels(&self) -> Option<usize> {
         self.classifier.as_ref().map(|c| c.b.dims()[0])
+    }
+}
+
+/// `"bert."` when the checkpoint names the encoder's tensors with that prefix
+/// (`BertForSequenceClassification`), else `""` (sentence-transformers' `BertModel`).
+pub(super) fn tensor_prefix(src: &dyn WeightSource) -> &'static str {
+    if src.contains("bert.embeddings.word_embeddings.weight") {
+        "bert."
+    } else {
+        ""
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use burn::backend::flex::{Flex, FlexDevice};
+use burn::backend::flex::Flex;
 use burn::tensor::backend::Backend;
 use tokenizers::utils::truncation::{
     truncate_encodings, TruncationDirection, TruncationParams, TruncationStrategy,
@@ -14,11 +14,13 @@ use tokenizers::{Encoding, PostProcessor};
 use super::batcher::{BatchStats, Batcher, DEFAULT_TOKEN_BUDGET};
 use super::bert::{BertEncoder, EncoderInput, HiddenStates};
 use super::config::{ClassifierActivation, PoolingModelConfig, PoolingTask, PoolingType};
+use super::host::HostBertEncoder;
 use super::PoolingError;
 use crate::model::weights::SafetensorsWeights;
 
-/// Tokens per forward pass (padded batch size × longest sequence); batches of a call are
-/// formed from its inputs sorted by length, so padding stays small.
+/// Tokens per forward pass (the burn encoder: padded batch size × longest sequence, batches
+/// formed from the inputs sorted by length so padding stays small; the host encoder: real
+/// tokens).
 const BATCH_TOKEN_BUDGET: usize = 8192;
 
 /// One input: text (tokenized with the model's special tokens) or token ids used as given.
@@ -118,9 +120,17 @@ pub struct Classification {
     pub prompt_tokens: usize,
 }
 
+/// Which encoder runs the forward passes.
+enum Encoder<B: Backend> {
+    /// The CPU: packed sequences on host slices ([`super::host`]).
+    Host(Box<HostBertEncoder>),
+    /// Any burn backend: padded batches of tensors ([`super::bert`]).
+    Burn(BertEncoder<B>),
+}
+
 /// A pooling model and its tokenizer.
 pub struct Embedder<B: Backend = Flex> {
-    model: BertEncoder<B>,
+    model: Encoder<B>,
     tokenizer: aphro_core::Tokenizer,
     config: PoolingModelConfig,
     served_name: String,
@@ -130,15 +140,32 @@ pub struct Embedder<B: Backend = Flex> {
 
 impl Embedder<Flex> {
     /// Load an HF model folder (`config.json`, safetensors, `tokenizer.json`, and
-    /// sentence-transformers' files when present) on the CPU.
+    /// sentence-transformers' files when present) on the CPU, with the packed host encoder.
     pub fn load(dir: &Path) -> Result<Self, PoolingError> {
-        Self::load_on(dir, &FlexDevice)
+        Self::load_with(dir, |config, weights, num_labels| {
+            HostBertEncoder::load(config.bert.clone(), weights, num_labels)
+                .map(|m| Encoder::Host(Box::new(m)))
+        })
     }
 }
 
 impl<B: Backend> Embedder<B> {
-    /// [`Embedder::load`] on any burn backend.
+    /// [`Embedder::load`] with the burn encoder on any burn backend (on `Flex` it computes the
+    /// same as the host encoder, slower: padded batches of generic tensor ops).
     pub fn load_on(dir: &Path, device: &B::Device) -> Result<Self, PoolingError> {
+        Self::load_with(dir, |config, weights, num_labels| {
+            BertEncoder::load(config.bert.clone(), weights, num_labels, device).map(Encoder::Burn)
+        })
+    }
+
+    fn load_with(
+        dir: &Path,
+        encoder: impl FnOnce(
+            &PoolingModelConfig,
+            &SafetensorsWeights,
+            Option<usize>,
+        ) -> Result<Encoder<B>, PoolingError>,
+    ) -> Result<Self, PoolingError> {
         let dir = crate::model::resolve_model_path(dir)?;
         let config = PoolingModelConfig::from_dir(&dir)?;
         let weights = SafetensorsWeights::open_dir(&dir)?;
@@ -146,7 +173,7 @@ impl<B: Backend> Embedder<B> {
             PoolingTask::Classify => Some(config.labels.len()),
             PoolingTask::Embed => None,
         };
-        let model = BertEncoder::load(config.bert.clone(), &weights, num_labels, device)?;
+        let model = encoder(&config, &weights, num_labels)?;
         let tokenizer = load_tokenizer(&dir.join("tokenizer.json"))?;
         Ok(Self {
             model,
@@ -483,8 +510,11 @@ impl<B: Backend> Embedder<B> {
         for (h, &n) in hidden.iter().zip(&lens) {
             rows.extend(self.pool(h, n));
         }
-        let pooled = self.model.pool_dense(rows)?;
-        let logits = self.model.classify(pooled)?.ok_or_else(|| {
+        let logits = match &self.model {
+            Encoder::Host(m) => m.classify(&m.pool_dense(rows)),
+            Encoder::Burn(m) => m.classify(m.pool_dense(rows)?)?,
+        };
+        let logits = logits.ok_or_else(|| {
             PoolingError::TaskNotSupported("The model does not support Classification API".into())
         })?;
         let k = self.config.labels.len();
@@ -512,11 +542,40 @@ impl<B: Backend> Embedder<B> {
     /// The hidden states of `seqs`, computed together with the other calls running at the
     /// same time (dynamic batching).
     fn run(&self, seqs: Vec<EncoderInput>) -> Result<HiddenStates, PoolingError> {
-        self.batcher.submit(seqs, |all| self.forward_sorted(all))
+        self.batcher.submit(seqs, |all| match &self.model {
+            Encoder::Host(m) => forward_packed(m, all),
+            Encoder::Burn(m) => forward_sorted(m, all),
+        })
     }
+}
 
-    /// Forward `seqs` in batches of similar length; hidden states in input order.
-    fn forward_sorted(&self, seqs: Vec<EncoderInput>) -> Result<HiddenStates, PoolingError> {
+/// Forward `seqs` packed, in chunks of at most [`BATCH_TOKEN_BUDGET`] tokens (one sequence
+/// may exceed it alone): no padding, so the order and mix of lengths cost nothing.
+fn forward_packed(
+    model: &HostBertEncoder,
+    seqs: Vec<EncoderInput>,
+) -> Result<HiddenStates, PoolingError> {
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut start = 0;
+    while start < seqs.len() {
+        let mut end = start + 1;
+        let mut tokens = seqs[start].token_ids.len();
+        while end < seqs.len() && tokens + seqs[end].token_ids.len() <= BATCH_TOKEN_BUDGET {
+            tokens += seqs[end].token_ids.len();
+            end += 1;
+        }
+        out.extend(model.forward(&seqs[start..end])?);
+        start = end;
+    }
+    Ok(out)
+}
+
+/// Forward `seqs` in padded batches of similar length; hidden states in input order.
+fn forward_sorted<B: Backend>(
+    model: &BertEncoder<B>,
+    seqs: Vec<EncoderInput>,
+) -> Result<HiddenStates, PoolingError> {
+    {
         let mut order: Vec<usize> = (0..seqs.len()).collect();
         order.sort_by_key(|&i| seqs[i].token_ids.len());
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
@@ -539,19 +598,16 @@ impl<B: Backend> Embedder<B> {
             }
             let batch: Vec<EncoderInput> =
                 order[start..end].iter().map(|&i| seqs[i].clone()).collect();
-            for (h, &i) in self
-                .model
-                .forward(&batch)?
-                .into_iter()
-                .zip(&order[start..end])
-            {
+            for (h, &i) in model.forward(&batch)?.into_iter().zip(&order[start..end]) {
                 out[i] = h;
             }
             start = end;
         }
         Ok(out)
     }
+}
 
+impl<B: Backend> Embedder<B> {
     /// One sequence's hidden states (`n` tokens) → one vector, by the model's pooling type.
     /// Sums run in f32 in token order, as vLLM's pooler accumulates.
     fn pool(&self, hidden: &[f32], n: usize) -> Vec<f32> {

@@ -7,6 +7,8 @@
 //!   under vLLM's precedence rules.
 //! * [`bert`]: the encoder (and BERT's pooler and classifier head), generic over the burn
 //!   backend, batched over inputs of different lengths with a padding mask.
+//! * [`host`]: the same encoder on the CPU on host slices, the sequences of a batch packed
+//!   without padding and attention per sequence (what [`Embedder::load`] runs).
 //! * [`embedder`]: tokenization (with the baked-in truncation and padding of a
 //!   `tokenizer.json` switched off, as transformers does), vLLM's length and truncation rules,
 //!   pooling, Matryoshka `dimensions`, normalization, cosine and cross-encoder scores.
@@ -20,6 +22,7 @@ pub mod batcher;
 pub mod bert;
 pub mod config;
 pub mod embedder;
+pub mod host;
 
 pub use batcher::BatchStats;
 pub use bert::{BertEncoder, EncoderInput};
@@ -31,6 +34,7 @@ pub use embedder::{
     Classification, EmbedInput, EmbedOptions, Embedder, Embedding, RerankOutput, RerankResult,
     ScoreOptions, ScoreOutput, TruncationSide,
 };
+pub use host::HostBertEncoder;
 
 use crate::model::ModelError;
 

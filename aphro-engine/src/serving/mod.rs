@@ -16,6 +16,7 @@
 //! string ends the choice and, once every choice of the request ended, aborts the engine
 //! request so its KV blocks are freed at once.
 
+mod generative_scoring;
 pub mod text;
 
 use aphro_core::structured::{Constraint, GrammarCompiler, GrammarMatcher};
@@ -1219,6 +1220,8 @@ impl ServingEngine {
             prompt_logprobs: sp.prompt_logprobs,
             logit_bias,
             allowed_token_ids,
+            // The wire field stays refused above: only generative scoring sets it.
+            logprob_token_ids: None,
             grammar: match &sp.structured_outputs {
                 Some(so) => Some(self.compile_constraint(so)?),
                 None => None,

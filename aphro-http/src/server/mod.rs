@@ -14,6 +14,7 @@ pub mod anthropic;
 pub mod builder;
 mod common;
 pub mod engine;
+mod generative_scoring;
 pub mod kobold;
 pub mod openai;
 pub mod openapi;
@@ -275,7 +276,8 @@ fn role_routes(
                 .merge(render::utility_routes())
                 .merge(openai::routes())
                 .merge(anthropic::routes())
-                .merge(anthropic::count_routes());
+                .merge(anthropic::count_routes())
+                .merge(generative_scoring::routes());
             if kobold {
                 app = app.merge(self::kobold::routes());
             }

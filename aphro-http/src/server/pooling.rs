@@ -10,11 +10,11 @@ use crate::extract::JsonBody;
 use aphro_core::protocol::{
     random_request_id, ClassificationData, ClassificationResponse, ClassifyRequest,
     CohereApiVersion, CohereBilledUnits, CohereEmbedRequest, CohereEmbedResponse,
-    CohereEmbeddingType, CohereEmbeddings, CohereMeta, CohereTruncate, EmbeddingData,
+    CohereEmbeddingType, CohereEmbeddings, CohereMeta, CohereTruncate, EmbedDType, EmbeddingData,
     EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingVector, EncodingFormat,
-    PoolingData, PoolingRequest, PoolingResponse, PoolingUsage, RerankDocument, RerankRequest,
-    RerankResponse, RerankResultData, RerankUsage, ScoreData, ScoreRequest, ScoreResponse,
-    TruncationSideParam,
+    Endianness, PoolingData, PoolingRequest, PoolingResponse, PoolingUsage, RerankDocument,
+    RerankRequest, RerankResponse, RerankResultData, RerankUsage, ScoreData, ScoreRequest,
+    ScoreResponse, TruncationSideParam,
 };
 use aphro_engine::pooling::{
     EmbedInput, EmbedOptions, Embedder, PoolingError, PoolingTask, ScoreOptions, TruncationSide,
@@ -177,6 +177,13 @@ pub fn embed_body(
 ) -> Result<EmbeddingResponse, ApiError> {
     let req: EmbeddingRequest = aphro_core::validation::from_body(body)?;
     refuse_unsupported(req.encoding_format, req.add_special_tokens)?;
+    if matches!(req.embed_dtype, EmbedDType::Fp8E4m3 | EmbedDType::Fp8E5m2) {
+        return Err(ApiError::bad_request(format!(
+            "embed_dtype {:?} is not supported by this server (float32, float16, bfloat16)",
+            req.embed_dtype
+        ))
+        .with_param("embed_dtype"));
+    }
     let inputs = embed_inputs(req.input);
     let opts = EmbedOptions {
         truncate_prompt_tokens: req.truncate_prompt_tokens,
@@ -185,6 +192,12 @@ pub fn embed_body(
         use_activation: req.use_activation,
     };
     let out = embedder.embed(&inputs, &opts)?;
+    let encode = |v: Vec<f32>| match req.encoding_format {
+        EncodingFormat::Base64 => {
+            EmbeddingVector::Base64(base64(&vector_bytes(&v, req.embed_dtype, req.endianness)))
+        }
+        _ => EmbeddingVector::Float(v),
+    };
     let prompt_tokens: usize = out.iter().map(|e| e.prompt_tokens).sum();
     let data = out
         .into_iter()
@@ -192,7 +205,7 @@ pub fn embed_body(
         .map(|(index, e)| EmbeddingData {
             index,
             object: "embedding".into(),
-            embedding: vector(e.embedding, req.encoding_format),
+            embedding: encode(e.embedding),
         })
         .collect();
     Ok(EmbeddingResponse {
@@ -257,6 +270,44 @@ fn refuse_unsupported(format: EncodingFormat, add_special_tokens: bool) -> Resul
         .with_param("add_special_tokens"));
     }
     Ok(())
+}
+
+/// vLLM's `tensor2binary`: the vector cast to `dtype` (round to nearest even, as torch
+/// casts), its raw bytes in `endianness` order (`native`: this machine's).
+fn vector_bytes(v: &[f32], dtype: EmbedDType, endianness: Endianness) -> Vec<u8> {
+    let big = match endianness {
+        Endianness::Big => true,
+        Endianness::Little => false,
+        Endianness::Native => cfg!(target_endian = "big"),
+    };
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for &x in v {
+        match dtype {
+            EmbedDType::Float16 => {
+                let h = half::f16::from_f32(x);
+                out.extend(if big {
+                    h.to_be_bytes()
+                } else {
+                    h.to_le_bytes()
+                });
+            }
+            EmbedDType::Bfloat16 => {
+                let h = half::bf16::from_f32(x);
+                out.extend(if big {
+                    h.to_be_bytes()
+                } else {
+                    h.to_le_bytes()
+                });
+            }
+            // fp8 is refused before the forward pass.
+            _ => out.extend(if big {
+                x.to_be_bytes()
+            } else {
+                x.to_le_bytes()
+            }),
+        }
+    }
+    out
 }
 
 fn le_f32_base64(v: &[f32]) -> String {
