@@ -21,7 +21,7 @@ impl ServingEngine {
         req: &GenerativeScoringRequest,
         x_request_id: Option<&str>,
     ) -> Result<GenerativeScoringResponse, ServingError> {
-        let vocab = self.engine.model_info().vocab_size;
+        let vocab = self.engine().model_info().vocab_size;
         if req.label_token_ids.is_empty() {
             return Err(ServingError::bad_request(
                 "label_token_ids must contain at least one token ID.",
@@ -69,7 +69,7 @@ impl ServingEngine {
             .or_else(|| req.request_id.clone())
             .unwrap_or_else(random_request_id);
         // The prompt keeps its head: one position is left for the scored token.
-        let keep = self.engine.max_model_len().saturating_sub(1);
+        let keep = self.engine().max_model_len().saturating_sub(1);
         let mut streams = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let mut prompt = if req.item_first {
@@ -89,7 +89,9 @@ impl ServingEngine {
                 sampling,
             );
             engine_req.priority = req.priority;
-            streams.push(self.engine.generate(engine_req));
+            // With data parallelism each item goes where its prompt's prefix was sent.
+            let replica = self.route(&engine_req.prompt_token_ids, None, None)?;
+            streams.push(self.replicas[replica].engine.generate(engine_req));
         }
         let (mut data, mut prompt_tokens, mut completion_tokens) = (Vec::new(), 0, 0);
         for (index, mut stream) in streams.into_iter().enumerate() {
