@@ -61,7 +61,9 @@ fn image_parts(request: &Value) -> Vec<(Option<String>, Option<String>)> {
 }
 
 fn vision_model(model: &str) -> VisionModel {
-    let dir = root().join("models").join(model.rsplit('/').next().expect("name"));
+    let dir = root()
+        .join("models")
+        .join(model.rsplit('/').next().expect("name"));
     VisionModel::from_model_dir(&dir, model)
         .expect("model files")
         .expect("a Qwen-VL config")
@@ -167,7 +169,12 @@ fn check_success(case: &Value, model: &VisionModel, feats: &[ImageFeature]) -> V
         return bad;
     }
     for key in ["kwargs_data", "mm_metadata"] {
-        for (i, want) in f[key]["image"].as_array().expect("blobs").iter().enumerate() {
+        for (i, want) in f[key]["image"]
+            .as_array()
+            .expect("blobs")
+            .iter()
+            .enumerate()
+        {
             let got = ours[key]["image"][i].as_str().expect("our blob");
             if sha256_hex(got.as_bytes()) != want["b64_sha256"] {
                 bad.push(format!("{key}[{i}] base64 differs"));
@@ -238,5 +245,10 @@ fn image_pipeline_matches_vllm_for_every_chat_case() {
         }
     }
     assert!(checked >= 26, "only {checked} cases read");
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -93,19 +93,55 @@ fn blend_on_white(v: u8, alpha: u8) -> u8 {
     (((t >> 8) + t) >> 8) as u8
 }
 
+/// JPEG through libjpeg-turbo's decoder (Pillow's): the `image` crate's JPEG decoder rounds its
+/// IDCT and chroma upsampling differently, which changes pixels by one here and there.
+/// Grayscale stays one channel (Pillow's `L`); colour comes out as RGB.
+fn decode_jpeg_like_pillow(bytes: &[u8]) -> Result<DynamicImage> {
+    let failed =
+        |e: &dyn std::fmt::Display| Error::bad_request(format!("Failed to load image: {e}"));
+    // libjpeg reports errors by unwinding out of its error handler.
+    let decoded = std::panic::catch_unwind(|| -> std::io::Result<(usize, usize, bool, Vec<u8>)> {
+        let d = mozjpeg::Decompress::new_mem(bytes)?;
+        let gray = d.color_space() == mozjpeg::ColorSpace::JCS_GRAYSCALE;
+        let mut started = if gray { d.grayscale()? } else { d.rgb()? };
+        let (w, h) = (started.width(), started.height());
+        let pixels = started.read_scanlines::<u8>()?;
+        started.finish()?;
+        Ok((w, h, gray, pixels))
+    });
+    let (w, h, gray, pixels) = match decoded {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(failed(&e)),
+        Err(_) => return Err(failed(&"broken JPEG data")),
+    };
+    let (w32, h32) = (w as u32, h as u32);
+    let img = if gray {
+        image::GrayImage::from_raw(w32, h32, pixels).map(DynamicImage::ImageLuma8)
+    } else {
+        image::RgbImage::from_raw(w32, h32, pixels).map(DynamicImage::ImageRgb8)
+    };
+    img.ok_or_else(|| failed(&"truncated JPEG scanlines"))
+}
+
 /// Decodes an image file to upright RGB. Formats: PNG, JPEG, WebP, GIF (first frame).
 pub fn decode_image(bytes: &[u8]) -> Result<DecodedImage> {
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|_| not_an_image())?;
     let format = match reader.format() {
-        Some(f @ (ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::WebP | ImageFormat::Gif)) => f,
+        Some(f @ (ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::WebP | ImageFormat::Gif)) => {
+            f
+        }
         _ => return Err(not_an_image()),
     };
     let mut decoder = reader.into_decoder().map_err(|_| not_an_image())?;
     let orientation = decoder.orientation().ok();
-    let mut img = DynamicImage::from_decoder(decoder)
-        .map_err(|e| Error::bad_request(format!("Failed to load image: {e}")))?;
+    let mut img = if format == ImageFormat::Jpeg {
+        decode_jpeg_like_pillow(bytes)?
+    } else {
+        DynamicImage::from_decoder(decoder)
+            .map_err(|e| Error::bad_request(format!("Failed to load image: {e}")))?
+    };
     if let Some(o) = orientation {
         img.apply_orientation(o);
     }
@@ -137,13 +173,18 @@ mod tests {
     #[test]
     fn data_url_errors_are_vllms() {
         let e = decode_data_url("data:image/png;base64,!!!not-base64!!!").unwrap_err();
-        assert_eq!((e.status(), e.to_string().as_str()), (400, "Non-base64 digit found"));
+        assert_eq!(
+            (e.status(), e.to_string().as_str()),
+            (400, "Non-base64 digit found")
+        );
         let e = decode_data_url("data:image/png,rawbytes").unwrap_err();
         assert_eq!(e.status(), 501);
         let bytes = decode_data_url("data:image/png;base64,aGVsbG8=").expect("base64");
         let e = decode_image(&bytes.bytes).unwrap_err();
         assert_eq!(e.status(), 400);
-        assert!(e.to_string().starts_with("Failed to load image: cannot identify"));
+        assert!(e
+            .to_string()
+            .starts_with("Failed to load image: cannot identify"));
     }
 
     #[test]

@@ -48,8 +48,13 @@ fn grid_elem(out: &mut Vec<u8>, grid: [i64; 3]) {
     let _ = encode::write_bool(out, true);
 }
 
-/// msgpack of the full item: `pixel_values` (a flat field over its rows) and `image_grid_thw`.
-pub fn encode_kwargs_item(image: &ProcessedImage) -> Vec<u8> {
+/// msgpack of the full item: `pixel_values` (a flat field) and `image_grid_thw`.
+///
+/// `batch_rows` are the row counts of every image of the request, in order. vLLM 0.33 keeps
+/// the whole processor batch's slices in each item's field (`multimodal.md` §3.3) when the
+/// images differ in size; when they are all the same size each item carries the one slice
+/// `[0, rows]` (what its render server answered for two same-size images).
+pub fn encode_kwargs_item(image: &ProcessedImage, batch_rows: &[usize]) -> Vec<u8> {
     let pv = &image.pixel_values;
     let mut out = Vec::with_capacity(pv.data.len() + 256);
     let _ = encode::write_map_len(&mut out, 2);
@@ -64,13 +69,20 @@ pub fn encode_kwargs_item(image: &ProcessedImage) -> Vec<u8> {
     str(&mut out, "keep_on_cpu");
     let _ = encode::write_bool(&mut out, false);
     str(&mut out, "slices");
-    // [[slice(0, rows, None)]]: one item, one slice.
-    let _ = encode::write_array_len(&mut out, 1);
-    let _ = encode::write_array_len(&mut out, 1);
-    let _ = encode::write_array_len(&mut out, 3);
-    let _ = encode::write_uint(&mut out, 0);
-    let _ = encode::write_uint(&mut out, pv.shape[0] as u64);
-    let _ = encode::write_nil(&mut out);
+    // [[slice(start, stop, None)] per image of the batch].
+    let same_size = batch_rows.iter().all(|&r| r == pv.shape[0]);
+    let own = [pv.shape[0]];
+    let batch_rows = if same_size { &own[..] } else { batch_rows };
+    let _ = encode::write_array_len(&mut out, batch_rows.len() as u32);
+    let mut start = 0u64;
+    for &rows in batch_rows {
+        let _ = encode::write_array_len(&mut out, 1);
+        let _ = encode::write_array_len(&mut out, 3);
+        let _ = encode::write_uint(&mut out, start);
+        start += rows as u64;
+        let _ = encode::write_uint(&mut out, start);
+        let _ = encode::write_nil(&mut out);
+    }
     str(&mut out, "dim");
     let _ = encode::write_uint(&mut out, 0);
     grid_elem(&mut out, image.grid_thw);

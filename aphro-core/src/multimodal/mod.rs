@@ -242,16 +242,24 @@ impl VisionModel {
 
 /// The `features` object of a render response. `with_payload` false (`mm_payload: "none"`)
 /// leaves `kwargs_data` and `mm_metadata` null; hashes and placeholders stay.
-pub fn features_json(images: &[ImageFeature], placeholders: &[Placeholder], with_payload: bool) -> Value {
+pub fn features_json(
+    images: &[ImageFeature],
+    placeholders: &[Placeholder],
+    with_payload: bool,
+) -> Value {
     let hashes: Vec<&str> = images.iter().map(|i| i.mm_hash.as_str()).collect();
     let places: Vec<Value> = placeholders
         .iter()
         .map(|p| json!({"offset": p.offset, "length": p.length}))
         .collect();
     let (kwargs_data, mm_metadata) = if with_payload {
+        let rows: Vec<usize> = images
+            .iter()
+            .map(|i| i.processed.pixel_values.shape[0])
+            .collect();
         let data: Vec<String> = images
             .iter()
-            .map(|i| kwargs::to_base64(&kwargs::encode_kwargs_item(&i.processed)))
+            .map(|i| kwargs::to_base64(&kwargs::encode_kwargs_item(&i.processed, &rows)))
             .collect();
         let meta: Vec<String> = images
             .iter()

@@ -141,7 +141,9 @@ impl QwenVlProcessor {
         let mut p = self.clone();
         let num = |v: &Value, k: &str| {
             v.as_u64().ok_or_else(|| {
-                Error::bad_request(format!("mm_processor_kwargs.{k} must be a positive integer"))
+                Error::bad_request(format!(
+                    "mm_processor_kwargs.{k} must be a positive integer"
+                ))
             })
         };
         if let Some(v) = kwargs.get("min_pixels") {
@@ -272,8 +274,10 @@ mod tests {
     use serde_json::json;
 
     fn qwen2() -> QwenVlProcessor {
-        QwenVlProcessor::from_preprocessor_config(&json!({"min_pixels": 3136, "max_pixels": 12845056}))
-            .expect("config")
+        QwenVlProcessor::from_preprocessor_config(
+            &json!({"min_pixels": 3136, "max_pixels": 12845056}),
+        )
+        .expect("config")
     }
 
     #[test]

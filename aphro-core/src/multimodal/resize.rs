@@ -65,7 +65,10 @@ impl AxisFilter {
                 len,
             });
         }
-        let w_max = float_weights.iter().copied().fold(float_weights[0], f64::max);
+        let w_max = float_weights
+            .iter()
+            .copied()
+            .fold(float_weights[0], f64::max);
         let mut precision = 0u32;
         while precision < 22 {
             let next = (0.5 + w_max * f64::from(1u32 << (precision + 1))) as i32;
@@ -78,7 +81,11 @@ impl AxisFilter {
         let weights = float_weights
             .iter()
             .map(|&v| {
-                let r = if v < 0.0 { -0.5 + v * unit } else { 0.5 + v * unit };
+                let r = if v < 0.0 {
+                    -0.5 + v * unit
+                } else {
+                    0.5 + v * unit
+                };
                 r as i32 as i16
             })
             .collect();
@@ -171,7 +178,10 @@ mod tests {
                     .map(|&w| i32::from(w))
                     .sum();
                 let unit = 1i32 << f.precision;
-                assert!((s - unit).abs() <= f.ksize as i32, "{i}->{o} @{k}: {s} vs {unit}");
+                assert!(
+                    (s - unit).abs() <= f.ksize as i32,
+                    "{i}->{o} @{k}: {s} vs {unit}"
+                );
             }
         }
     }
