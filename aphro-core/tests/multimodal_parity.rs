@@ -3,6 +3,8 @@
 //! `scripts/extract_mm_goldens.py`): per image the mm_hash, grid, token count,
 //! `pixel_values` bytes and the `kwargs_data` / `mm_metadata` base64, and the placeholder
 //! runs in the token ids. Every case must match.
+mod common;
+
 use aphro_core::multimodal::{
     decode_data_url, features_json, ImageFeature, ImageInput, MultimodalOptions, VisionModel,
 };
@@ -245,6 +247,230 @@ fn image_pipeline_matches_vllm_for_every_chat_case() {
         }
     }
     assert!(checked >= 26, "only {checked} cases read");
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// vLLM's `/inference/v1/generate` decisions on `features` (`generate_validation.jsonl`):
+/// 501 means vLLM's validation accepted the body (its test app has no engine behind it).
+/// The scale-out switch (403) and the token-id checks are not about features and are
+/// answered by the route, not by this validator.
+#[test]
+fn generate_feature_validation_matches_vllm() {
+    let text = std::fs::read_to_string(root().join("generate_validation.jsonl")).expect("goldens");
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for line in text.lines() {
+        let case: Value = serde_json::from_str(line).expect("json");
+        let id = case["id"].as_str().expect("id");
+        let status = case["status"].as_u64().expect("status");
+        let msg = case["response"]["error"]["message"].as_str().unwrap_or("");
+        if status == 403 || msg.contains("'loc': 'body.token_ids'") {
+            continue;
+        }
+        checked += 1;
+        let body = case["request"].as_object().expect("body");
+        match (
+            aphro_core::multimodal::validate_generate_features(body),
+            status,
+        ) {
+            (Ok(()), 501) => {}
+            (Ok(()), s) => failures.push(format!("{id}: accepted, vLLM answered {s}")),
+            (Err(e), 501) => failures.push(format!("{id}: refused: {e}")),
+            (Err(e), s) => {
+                let param = case["response"]["error"]["param"].as_str();
+                if u64::from(e.status()) != s || e.to_string() != msg || e.param() != param {
+                    failures.push(format!(
+                        "{id}: {} {:?} {:?} != {s} {msg:?} {param:?}",
+                        e.status(),
+                        e.to_string(),
+                        e.param()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(checked >= 17, "only {checked} cases");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// aphro's own render output fed back to the generate validator: accepted with kwargs_data,
+/// with kwargs and metadata, and hash-only; refused as metadata-only unless
+/// `ec_transfer_params` is set (vLLM's decisions in `generate_validation.jsonl`).
+#[test]
+fn render_output_round_trips_through_generate_validation() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c["id"] == "q2/tiny_32x32_min_pixels")
+        .expect("case");
+    let (_, feats) = run_case(&case).expect("renders");
+    let runs = [aphro_core::multimodal::Placeholder {
+        offset: 15,
+        length: 4,
+    }];
+    let features = features_json(&feats, &runs, true);
+    let body = |features: Value, ec: Option<Value>| {
+        let mut b = serde_json::json!({"token_ids": [1, 2, 3], "features": features, "sampling_params": {}});
+        if let Some(ec) = ec {
+            b["ec_transfer_params"] = ec;
+        }
+        b.as_object().expect("object").clone()
+    };
+    let validate = aphro_core::multimodal::validate_generate_features;
+    assert!(
+        validate(&body(features.clone(), None)).is_ok(),
+        "full kwargs"
+    );
+    let mut meta_only = features.clone();
+    meta_only["kwargs_data"] = Value::Null;
+    let refused = validate(&body(meta_only.clone(), None)).expect_err("metadata-only");
+    assert!(refused
+        .to_string()
+        .contains("metadata-only multimodal items require ec_transfer_params"));
+    assert_eq!(refused.status(), 400);
+    assert!(validate(&body(meta_only.clone(), Some(serde_json::json!({})))).is_err());
+    assert!(validate(&body(
+        meta_only,
+        Some(serde_json::json!({"encoder": "ec-1"}))
+    ))
+    .is_ok());
+    let mut hash_only = features;
+    hash_only
+        .as_object_mut()
+        .expect("object")
+        .retain(|k, _| k == "mm_hashes" || k == "mm_placeholders");
+    assert!(validate(&body(hash_only, None)).is_ok(), "hash only");
+}
+
+/// A Qwen-VL model dir as vLLM served it: the golden's config files plus the shared Qwen
+/// tokenizer.json (byte-identical to the one the goldens were made with).
+fn model_dir(model: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = root()
+        .join("models")
+        .join(model.rsplit('/').next().expect("name"));
+    for entry in std::fs::read_dir(&src).expect("model files") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, dir.path().join(path.file_name().expect("name"))).expect("copy");
+    }
+    std::fs::copy(
+        common::asset("tokenizers/qwen3/tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .expect("qwen tokenizer asset");
+    dir
+}
+
+/// The full render path (`Renderer::render_chat`): token ids and `features` equal vLLM's
+/// response for every chat case, and every error case gets vLLM's status.
+#[test]
+fn renderer_matches_vllm_render_responses() {
+    use aphro_core::{Model, RenderOptions, Renderer};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    let mut renderers: BTreeMap<(String, String), Renderer> = BTreeMap::new();
+    let mut dirs = Vec::new();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for case in cases() {
+        if case["endpoint"] != "/v1/chat/completions/render" {
+            continue;
+        }
+        let id = case["id"].as_str().expect("id").to_owned();
+        let model = case["model"].as_str().expect("model").to_owned();
+        let flags = case["server_flags"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let renderer = renderers
+            .entry((model.clone(), flags.clone()))
+            .or_insert_with(|| {
+                let dir = model_dir(&model);
+                let loaded = Model::load(dir.path().to_str().expect("utf-8")).expect("model dir");
+                let vision = VisionModel::from_model_dir(dir.path(), &model)
+                    .expect("configs")
+                    .expect("vision");
+                dirs.push(dir);
+                let opts = RenderOptions {
+                    vision: Some(Arc::new(vision)),
+                    multimodal: options(&flags),
+                    ..RenderOptions::default()
+                };
+                Renderer::new(Arc::new(loaded), opts).expect("renderer")
+            });
+        let mut body = case["request"].clone();
+        for m in body["messages"].as_array_mut().into_iter().flatten() {
+            for part in m["content"].as_array_mut().into_iter().flatten() {
+                match part.get_mut("image_url") {
+                    Some(Value::String(u)) => *u = materialize(u),
+                    Some(Value::Object(o)) => {
+                        if let Some(Value::String(u)) = o.get_mut("url") {
+                            *u = materialize(u);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        checked += 1;
+        let want_status = case["status"].as_u64().expect("status") as u16;
+        let result =
+            aphro_core::renderer::parse_chat_request(&body).and_then(|r| renderer.render_chat(&r));
+        match (result, want_status) {
+            (Ok(got), 200) => {
+                let want = &case["response"];
+                let want_ids: Vec<u32> = want["token_ids"]
+                    .as_array()
+                    .expect("ids")
+                    .iter()
+                    .map(|v| v.as_u64().expect("id") as u32)
+                    .collect();
+                if got.token_ids != want_ids {
+                    failures.push(format!(
+                        "{id}: token ids differ ({} vs {})",
+                        got.token_ids.len(),
+                        want_ids.len()
+                    ));
+                }
+                let f = got.features.expect("features");
+                let wf = &want["features"];
+                for key in ["mm_hashes", "mm_placeholders"] {
+                    if f[key] != wf[key] {
+                        failures.push(format!("{id}: {key} {} != {}", f[key], wf[key]));
+                    }
+                }
+                for key in ["kwargs_data", "mm_metadata"] {
+                    if wf[key].is_null() != f[key].is_null() {
+                        failures.push(format!("{id}: {key} presence differs"));
+                        continue;
+                    }
+                    for (i, w) in wf[key]["image"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .enumerate()
+                    {
+                        let ours = f[key]["image"][i].as_str().unwrap_or("");
+                        if sha256_hex(ours.as_bytes()) != w["b64_sha256"] {
+                            failures.push(format!("{id}: {key}[{i}] differs"));
+                        }
+                    }
+                }
+            }
+            (Ok(_), s) => failures.push(format!("{id}: rendered, vLLM answered {s}")),
+            (Err(e), 200) => failures.push(format!("{id}: refused {} {e}", e.status())),
+            (Err(e), s) => {
+                if e.status() != s {
+                    failures.push(format!("{id}: status {} != {s} ({e})", e.status()));
+                }
+            }
+        }
+    }
+    assert!(checked >= 26, "only {checked} cases");
     assert!(
         failures.is_empty(),
         "{} mismatches:\n{}",

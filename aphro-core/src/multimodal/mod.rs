@@ -11,6 +11,7 @@ pub mod image_io;
 pub mod kwargs;
 pub mod qwen_vl;
 pub mod resize;
+pub mod validate;
 
 use crate::error::{Error, Result};
 use serde_json::{json, Map, Value};
@@ -19,6 +20,7 @@ use std::path::Path;
 pub use hash::{image_mm_hash, ImageHashSource};
 pub use image_io::{decode_data_url, decode_image, DecodedImage, EncodedImage};
 pub use qwen_vl::{FloatDtype, PixelOutput, ProcessedImage, QwenVlProcessor};
+pub use validate::validate_generate_features;
 
 /// A tensor as the wire carries it: dtype name, shape, raw little-endian bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
