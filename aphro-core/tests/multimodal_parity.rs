@@ -373,6 +373,8 @@ fn renderer_matches_vllm_render_responses() {
     use std::collections::BTreeMap;
     use std::sync::Arc;
     let mut renderers: BTreeMap<(String, String), Renderer> = BTreeMap::new();
+    // One tokenizer load per model; the flags only change the renderer options.
+    let mut models: BTreeMap<String, (Arc<Model>, VisionModel)> = BTreeMap::new();
     let mut dirs = Vec::new();
     let mut failures = Vec::new();
     let mut checked = 0;
@@ -389,18 +391,25 @@ fn renderer_matches_vllm_render_responses() {
         let renderer = renderers
             .entry((model.clone(), flags.clone()))
             .or_insert_with(|| {
-                let dir = model_dir(&model);
-                let loaded = Model::load(dir.path().to_str().expect("utf-8")).expect("model dir");
-                let vision = VisionModel::from_model_dir(dir.path(), &model)
-                    .expect("configs")
-                    .expect("vision");
-                dirs.push(dir);
+                let (loaded, vision) = models
+                    .entry(model.clone())
+                    .or_insert_with(|| {
+                        let dir = model_dir(&model);
+                        let loaded =
+                            Model::load(dir.path().to_str().expect("utf-8")).expect("model dir");
+                        let vision = VisionModel::from_model_dir(dir.path(), &model)
+                            .expect("configs")
+                            .expect("vision");
+                        dirs.push(dir);
+                        (Arc::new(loaded), vision)
+                    })
+                    .clone();
                 let opts = RenderOptions {
                     vision: Some(Arc::new(vision)),
                     multimodal: options(&flags),
                     ..RenderOptions::default()
                 };
-                Renderer::new(Arc::new(loaded), opts).expect("renderer")
+                Renderer::new(loaded, opts).expect("renderer")
             });
         let mut body = case["request"].clone();
         for m in body["messages"].as_array_mut().into_iter().flatten() {

@@ -172,15 +172,15 @@ mod tests {
 
     #[test]
     fn data_url_errors_are_vllms() {
-        let e = decode_data_url("data:image/png;base64,!!!not-base64!!!").unwrap_err();
+        let e = decode_data_url("data:image/png;base64,!!!not-base64!!!").expect_err("bad digit");
         assert_eq!(
             (e.status(), e.to_string().as_str()),
             (400, "Non-base64 digit found")
         );
-        let e = decode_data_url("data:image/png,rawbytes").unwrap_err();
+        let e = decode_data_url("data:image/png,rawbytes").expect_err("not base64");
         assert_eq!(e.status(), 501);
         let bytes = decode_data_url("data:image/png;base64,aGVsbG8=").expect("base64");
-        let e = decode_image(&bytes.bytes).unwrap_err();
+        let e = decode_image(&bytes.bytes).expect_err("not an image");
         assert_eq!(e.status(), 400);
         assert!(e
             .to_string()

@@ -120,7 +120,7 @@ impl QwenVlProcessor {
             min_pixels: pick("min_pixels", "shortest_edge", 56 * 56),
             max_pixels: pick("max_pixels", "longest_edge", 28 * 28 * 1280),
             image_mean: triple(cfg, "image_mean", [0.481_454_66, 0.457_827_5, 0.408_210_73])?,
-            image_std: triple(cfg, "image_std", [0.268_629_54, 0.261_302_58, 0.275_777_1])?,
+            image_std: triple(cfg, "image_std", [0.268_629_54, 0.261_302_6, 0.275_777_1])?,
             rescale_factor: cfg
                 .get("rescale_factor")
                 .and_then(Value::as_f64)
@@ -289,7 +289,7 @@ mod tests {
         assert_eq!(p.smart_resize(200, 1000).ok(), Some((196, 1008)));
         assert_eq!(p.smart_resize(2000, 3000).ok(), Some((1988, 2996)));
         assert_eq!(p.smart_resize(10, 10).ok(), Some((56, 56)));
-        let e = p.smart_resize(1, 201).unwrap_err();
+        let e = p.smart_resize(1, 201).expect_err("aspect ratio");
         assert_eq!(e.status(), 400);
     }
 }

@@ -109,6 +109,21 @@ impl FrontendOptions {
         options
             .default_chat_template_kwargs
             .extend(self.default_chat_template_kwargs.clone());
+        // A Qwen-VL model dir brings its image processor: image parts then render to
+        // placeholder runs and `features` (the `--model` string is the mm_hash model id).
+        let model_dir = match &model.source {
+            aphro_core::model::ModelSource::Dir(d) => Some(d.as_path()),
+            aphro_core::model::ModelSource::Hub { snapshot, .. } => Some(snapshot.as_path()),
+            _ => None,
+        };
+        if let Some(dir) = model_dir {
+            if let Some(vision) =
+                aphro_core::multimodal::VisionModel::from_model_dir(dir, &model.name)?
+            {
+                tracing::info!("multimodal: images through the Qwen-VL processor");
+                options.vision = Some(Arc::new(vision));
+            }
+        }
         match model.tokenizer.encoder_backend() {
             aphro_core::tokenizer::EncoderBackend::Fast => {
                 tracing::info!("tokenizer: encoding with fastokens (matched tokenizers at load)")
