@@ -206,53 +206,44 @@ impl QwenVlProcessor {
         let (gh, gw) = (h / p, w / p);
         let rows = gh * gw;
         let row_len = CHANNELS * t * p * p;
-        // Row order: merge window (gh/m, gw/m), then position inside it (m, m); each row is
-        // channel-major with the frame repeated T times: [C, T, P, P].
-        let mut order = Vec::with_capacity(rows * row_len);
-        for bh in 0..gh / m {
-            for bw in 0..gw / m {
-                for mh in 0..m {
-                    for mw in 0..m {
-                        let y0 = (bh * m + mh) * p;
-                        let x0 = (bw * m + mw) * p;
-                        for c in 0..CHANNELS {
-                            for _ in 0..t {
-                                for py in 0..p {
-                                    let line = ((y0 + py) * w + x0) * CHANNELS + c;
-                                    order.extend((0..p).map(|px| line + px * CHANNELS));
-                                }
-                            }
-                        }
-                    }
+        let order = PatchOrder { p, m, t, gh, gw, w };
+        let pixel_values = match output {
+            PixelOutput::RawU8 => {
+                let mut data = Vec::with_capacity(rows * row_len);
+                order.for_each_line(&resized, |c, line| {
+                    data.extend(line.iter().skip(c).step_by(CHANNELS));
+                });
+                Tensor {
+                    dtype: "uint8",
+                    shape: vec![rows, row_len],
+                    data,
                 }
             }
-        }
-        let pixel_values = match output {
-            PixelOutput::RawU8 => Tensor {
-                dtype: "uint8",
-                shape: vec![rows, row_len],
-                data: order.iter().map(|&i| resized[i]).collect(),
-            },
             PixelOutput::Normalized(dtype) => {
                 // transformers fuses rescale into normalize: mean/std scaled by 1/rescale_factor
                 // in float32, then (x - mean) / std in float32.
                 let inv = (1.0 / self.rescale_factor) as f32;
                 let mean = self.image_mean.map(|v| v * inv);
                 let std = self.image_std.map(|v| v * inv);
-                let mut data = Vec::with_capacity(order.len() * 4);
-                for &i in &order {
-                    let c = i % CHANNELS;
-                    let v = (f32::from(resized[i]) - mean[c]) / std[c];
-                    match dtype {
-                        FloatDtype::BFloat16 => {
-                            data.extend(half::bf16::from_f32(v).to_bits().to_le_bytes())
+                let width = match dtype {
+                    FloatDtype::Float32 => 4,
+                    _ => 2,
+                };
+                let mut data = Vec::with_capacity(rows * row_len * width);
+                order.for_each_line(&resized, |c, line| {
+                    for &x in line.iter().skip(c).step_by(CHANNELS) {
+                        let v = (f32::from(x) - mean[c]) / std[c];
+                        match dtype {
+                            FloatDtype::BFloat16 => {
+                                data.extend(half::bf16::from_f32(v).to_bits().to_le_bytes())
+                            }
+                            FloatDtype::Float16 => {
+                                data.extend(half::f16::from_f32(v).to_bits().to_le_bytes())
+                            }
+                            FloatDtype::Float32 => data.extend(v.to_le_bytes()),
                         }
-                        FloatDtype::Float16 => {
-                            data.extend(half::f16::from_f32(v).to_bits().to_le_bytes())
-                        }
-                        FloatDtype::Float32 => data.extend(v.to_le_bytes()),
                     }
-                }
+                });
                 Tensor {
                     dtype: dtype.name(),
                     shape: vec![rows, row_len],
@@ -265,6 +256,44 @@ impl QwenVlProcessor {
             pixel_values,
             num_tokens: rows / (m * m),
         })
+    }
+}
+
+/// The row order of `pixel_values`: merge window (gh/m, gw/m), then the patch inside it
+/// (m, m); each row is channel-major with the frame repeated T times: `[C, T, P, P]`.
+struct PatchOrder {
+    p: usize,
+    m: usize,
+    t: usize,
+    gh: usize,
+    gw: usize,
+    /// Image width in pixels.
+    w: usize,
+}
+
+impl PatchOrder {
+    /// Calls `emit(channel, line)` for each patch line in output order, where `line` is the
+    /// `P` interleaved RGB pixels (`P * 3` bytes) of the resized image that line reads.
+    fn for_each_line(&self, resized: &[u8], mut emit: impl FnMut(usize, &[u8])) {
+        let (p, m) = (self.p, self.m);
+        for bh in 0..self.gh / m {
+            for bw in 0..self.gw / m {
+                for mh in 0..m {
+                    for mw in 0..m {
+                        let y0 = (bh * m + mh) * p;
+                        let x0 = (bw * m + mw) * p;
+                        for c in 0..CHANNELS {
+                            for _ in 0..self.t {
+                                for py in 0..p {
+                                    let start = ((y0 + py) * self.w + x0) * CHANNELS;
+                                    emit(c, &resized[start..start + p * CHANNELS]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
