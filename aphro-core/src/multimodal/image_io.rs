@@ -38,10 +38,9 @@ pub fn decode_data_url(url: &str) -> Result<EncodedImage> {
     let (spec, data) = rest
         .split_once(',')
         .ok_or_else(|| Error::bad_request("not enough values to unpack (expected 2, got 1)"))?;
-    let (_media_type, data_type) = spec
-        .split_once(';')
-        .ok_or_else(|| Error::bad_request("not enough values to unpack (expected 2, got 1)"))?;
-    if data_type != "base64" {
+    // `data:image/png,<raw>` (no `;base64`) is vLLM's 501 as well (`multimodal.md` §3.6).
+    let data_type = spec.split_once(';').map(|(_, t)| t);
+    if data_type != Some("base64") {
         return Err(Error::NotImplemented(
             "Only base64 data URLs are supported for now.".into(),
         ));
