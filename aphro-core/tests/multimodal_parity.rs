@@ -379,9 +379,6 @@ fn renderer_matches_vllm_render_responses() {
     let mut failures = Vec::new();
     let mut checked = 0;
     for case in cases() {
-        if case["endpoint"] != "/v1/chat/completions/render" {
-            continue;
-        }
         let id = case["id"].as_str().expect("id").to_owned();
         let model = case["model"].as_str().expect("model").to_owned();
         let flags = case["server_flags"]
@@ -411,6 +408,27 @@ fn renderer_matches_vllm_render_responses() {
                 };
                 Renderer::new(loaded, opts).expect("renderer")
             });
+        if case["endpoint"] == "/v1/completions/render" {
+            // Text prompts only: vision tokens written as text stay as they are, no features.
+            checked += 1;
+            let req = aphro_core::renderer::parse_completion_request(&case["request"])
+                .expect("completion request");
+            let got = renderer.render_completion(&req).expect("renders");
+            let want = case["response"].as_array().expect("one per prompt");
+            for (g, w) in got.iter().zip(want) {
+                let ids: Vec<u64> = g.token_ids.iter().map(|&t| u64::from(t)).collect();
+                let want_ids: Vec<u64> = w["token_ids"]
+                    .as_array()
+                    .expect("ids")
+                    .iter()
+                    .filter_map(Value::as_u64)
+                    .collect();
+                if ids != want_ids || g.features.is_some() != !w["features"].is_null() {
+                    failures.push(format!("{id}: completion render differs"));
+                }
+            }
+            continue;
+        }
         let mut body = case["request"].clone();
         for m in body["messages"].as_array_mut().into_iter().flatten() {
             for part in m["content"].as_array_mut().into_iter().flatten() {
@@ -479,7 +497,7 @@ fn renderer_matches_vllm_render_responses() {
             }
         }
     }
-    assert!(checked >= 26, "only {checked} cases");
+    assert!(checked >= 27, "only {checked} cases");
     assert!(
         failures.is_empty(),
         "{} mismatches:\n{}",
