@@ -423,7 +423,7 @@ fn renderer_matches_vllm_render_responses() {
                     .iter()
                     .filter_map(Value::as_u64)
                     .collect();
-                if ids != want_ids || g.features.is_some() != !w["features"].is_null() {
+                if ids != want_ids || g.features.is_some() == w["features"].is_null() {
                     failures.push(format!("{id}: completion render differs"));
                 }
             }
