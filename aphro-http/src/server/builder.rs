@@ -47,6 +47,8 @@ pub struct FrontendOptions {
     pub generation_config: GenerationConfig,
     pub override_generation_config: Map<String, Value>,
     pub limits: RequestLimits,
+    /// vLLM's multimodal flags (device normalize, trusted per-request processor kwargs).
+    pub multimodal: aphro_core::multimodal::MultimodalOptions,
 }
 
 impl Default for FrontendOptions {
@@ -63,6 +65,7 @@ impl Default for FrontendOptions {
             generation_config: GenerationConfig::default(),
             override_generation_config: Map::new(),
             limits: RequestLimits::default(),
+            multimodal: aphro_core::multimodal::MultimodalOptions::default(),
         }
     }
 }
@@ -104,6 +107,7 @@ impl FrontendOptions {
             // vLLM reads the Harmony preamble's date and instruction placement from its
             // environment; so does the server.
             harmony: aphro_core::harmony::HarmonyOptions::from_env(),
+            multimodal: self.multimodal,
             ..RenderOptions::default()
         };
         options
