@@ -42,6 +42,13 @@ pub enum Error {
     /// Tokenizer failure (load or encode/decode).
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
+    /// Fetching a media URL failed (network, refused domain, fetching off): vLLM lets the
+    /// fetch error through as a 500.
+    #[error("{0}")]
+    MediaFetch(String),
+    /// A request form vLLM parses but does not implement (a non-base64 `data:` URL): HTTP 501.
+    #[error("{0}")]
+    NotImplemented(String),
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
     #[error("{context}: {source}")]
@@ -118,6 +125,7 @@ impl Error {
             | Error::Template(_)
             | Error::PromptTooLong { .. } => 400,
             Error::ModelNotFound(_) => 404,
+            Error::NotImplemented(_) => 501,
             _ => 500,
         }
     }
@@ -131,6 +139,7 @@ impl Error {
                 "BadRequestError"
             }
             Error::ModelNotFound(_) => "NotFoundError",
+            Error::NotImplemented(_) => "NotImplementedError",
             _ => "InternalServerError",
         }
     }

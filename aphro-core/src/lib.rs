@@ -18,6 +18,7 @@ pub mod http_client;
 pub mod kobold;
 pub mod limits;
 pub mod model;
+pub mod multimodal;
 pub mod protocol;
 pub mod renderer;
 pub mod stop;

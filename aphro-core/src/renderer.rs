@@ -67,6 +67,11 @@ pub struct RenderOptions {
     /// The Harmony preamble of gpt-oss prompts (vLLM's `VLLM_SYSTEM_START_DATE` and
     /// `VLLM_GPT_OSS_HARMONY_SYSTEM_INSTRUCTIONS`).
     pub harmony: HarmonyOptions,
+    /// The image processor of a vision-language model (`None`: text-only, image parts are
+    /// refused as vLLM refuses them).
+    pub vision: Option<Arc<crate::multimodal::VisionModel>>,
+    /// vLLM's multimodal server flags.
+    pub multimodal: crate::multimodal::MultimodalOptions,
 }
 
 impl Default for RenderOptions {
@@ -89,6 +94,8 @@ impl Default for RenderOptions {
             tool_call_parser: None,
             enable_auto_tool_choice: false,
             harmony: HarmonyOptions::default(),
+            vision: None,
+            multimodal: crate::multimodal::MultimodalOptions::default(),
         }
     }
 }
@@ -134,11 +141,60 @@ impl std::fmt::Debug for Renderer {
     }
 }
 
-/// The media a model takes. aphro has no multimodal processor yet, so every model is
-/// text-only and media content parts get vLLM's refusal; a multimodal model lists its
-/// modalities here once its renderer can place them.
-fn supported_modalities(_model: &Model) -> BTreeSet<Modality> {
-    BTreeSet::new()
+/// The media a model takes: images when a vision processor is configured; otherwise none,
+/// and media content parts get vLLM's refusal.
+fn supported_modalities(options: &RenderOptions) -> BTreeSet<Modality> {
+    if options.vision.is_some() {
+        BTreeSet::from([Modality::Image])
+    } else {
+        BTreeSet::new()
+    }
+}
+
+/// The image items of a chat request in prompt order (the `image_url` / `input_image`
+/// parts vLLM's parser takes): the decoded `data:` payload and the part's `uuid`.
+/// `http(s)` URLs are refused: this renderer does not fetch media.
+fn chat_image_inputs(
+    messages: &[crate::protocol::ChatMessage],
+) -> Result<Vec<crate::multimodal::ImageInput>> {
+    use crate::protocol::MessageContent;
+    let mut out = Vec::new();
+    for m in messages {
+        let Some(MessageContent::Parts(parts)) = &m.content else {
+            continue;
+        };
+        for part in parts {
+            let kind = part.kind.as_deref();
+            let is_image = matches!(kind, Some("image_url" | "input_image"))
+                || (kind.is_none() && part.extra.contains_key("image_url"));
+            if !is_image {
+                continue;
+            }
+            let url = match part.extra.get("image_url") {
+                Some(Value::String(u)) => Some(u.as_str()),
+                Some(Value::Object(o)) => o.get("url").and_then(Value::as_str),
+                _ => None,
+            };
+            let uuid = part
+                .extra
+                .get("uuid")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let file = match url {
+                None => None,
+                Some(u) if u.starts_with("data:") => Some(crate::multimodal::decode_data_url(u)?),
+                Some(u) => {
+                    return Err(Error::MediaFetch(format!(
+                        "Fetching media URLs is disabled on this server; send the image as a \
+                         base64 data: URL instead of {}",
+                        u.split('?').next().unwrap_or(u)
+                    )))
+                }
+            };
+            out.push(crate::multimodal::ImageInput { file, uuid });
+        }
+    }
+    Ok(out)
 }
 
 /// Character offsets of each token in the prompt (`return_token_offsets`).
@@ -163,7 +219,7 @@ impl Renderer {
             .unwrap_or(&model.name)
             .clone();
         let capabilities = ContentCapabilities {
-            modalities: supported_modalities(&model),
+            modalities: supported_modalities(&options),
             model_name,
         };
         let prompter = match source {
@@ -410,6 +466,7 @@ impl Renderer {
         self.check_tool_parsing(req)?;
         let (mut ids, offsets, normalized_tools) =
             self.render_chat_ids(req, req.return_token_offsets)?;
+        let features = self.chat_image_features(req, &mut ids)?;
         truncate_prompt(
             &mut ids,
             req.truncate_prompt_tokens,
@@ -541,10 +598,37 @@ impl Renderer {
             reasoning_ended,
             reasoning_parser_kwargs,
             parse_context: Some(parse_context),
-            token_offsets: offsets,
-            features: None,
+            // Offsets index the template text; with images they would not (vLLM: null).
+            token_offsets: if features.is_some() { None } else { offsets },
+            features,
             content_parts: None,
         })
+    }
+
+    /// With a vision model: processes the request's images, replaces each template
+    /// `<|image_pad|>` in `ids` with the image's run, and returns the `features` object.
+    fn chat_image_features(
+        &self,
+        req: &ChatCompletionRequest,
+        ids: &mut Vec<u32>,
+    ) -> Result<Option<Value>> {
+        let Some(vision) = &self.options.vision else {
+            return Ok(None);
+        };
+        let images = chat_image_inputs(&req.messages)?;
+        if images.is_empty() {
+            return Ok(None);
+        }
+        let kwargs = req.mm_processor_kwargs.as_ref().and_then(Value::as_object);
+        let feats = vision.process_images(&images, kwargs, self.options.multimodal)?;
+        let (expanded, placeholders) = vision.expand_placeholders(ids, &feats)?;
+        *ids = expanded;
+        let with_payload = req.mm_payload.as_deref() != Some("none");
+        Ok(Some(crate::multimodal::features_json(
+            &feats,
+            &placeholders,
+            with_payload,
+        )))
     }
 
     /// `POST /v1/completions/render`: one `GenerateRequest` per prompt.

@@ -128,6 +128,10 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub media_io_kwargs: Option<Value>,
+    /// `"none"`: the render response's `features` keep hashes and placeholders but leave
+    /// `kwargs_data` / `mm_metadata` null.
+    #[serde(default)]
+    pub mm_payload: Option<String>,
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub structured_outputs: Option<Value>,

@@ -1325,6 +1325,11 @@ pub fn parse_generate_request(body: &Value) -> Result<GenerateRequest, ServingEr
     // The one structural formatter (field path, pydantic's wording), from the borrowed value:
     // a clone of a large body would double its memory.
     let mut req: GenerateRequest = from_body(body)?;
+    // vLLM's model validators of `features` (see `aphro_core::multimodal::validate`) answer before the
+    // handler's own refusal of what this engine cannot run.
+    if let Some(obj) = body.as_object() {
+        aphro_core::multimodal::validate_generate_features(obj)?;
+    }
     let has_max = body
         .get("sampling_params")
         .and_then(Value::as_object)

@@ -121,6 +121,14 @@ pub struct FrontendArgs {
     /// requests get a 400 naming the parameter.
     #[arg(long)]
     pub no_strict_chat_template_kwargs: bool,
+    /// Honour per-request `mm_processor_kwargs` (vLLM's flag). Without it a non-empty value
+    /// next to images is a 400.
+    #[arg(long)]
+    pub trust_request_mm_kwargs: bool,
+    /// Rescale and normalize image pixels on the CPU and send them in the model dtype, as
+    /// vLLM's `--no-mm-device-do-normalize`; by default `pixel_values` stay `uint8`.
+    #[arg(long)]
+    pub no_mm_device_do_normalize: bool,
     /// Show every logprob token as a `token_id:N` placeholder (requests can still set
     /// `return_tokens_as_token_ids` themselves).
     #[arg(long)]
@@ -169,6 +177,10 @@ impl FrontendArgs {
             generation_config: self.generation_config.clone(),
             override_generation_config: self.override_generation_config.clone().unwrap_or_default(),
             limits,
+            multimodal: aphro_core::multimodal::MultimodalOptions {
+                device_normalize: !self.no_mm_device_do_normalize,
+                trust_request_mm_kwargs: self.trust_request_mm_kwargs,
+            },
         })
     }
 }

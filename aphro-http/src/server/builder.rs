@@ -47,6 +47,8 @@ pub struct FrontendOptions {
     pub generation_config: GenerationConfig,
     pub override_generation_config: Map<String, Value>,
     pub limits: RequestLimits,
+    /// vLLM's multimodal flags (device normalize, trusted per-request processor kwargs).
+    pub multimodal: aphro_core::multimodal::MultimodalOptions,
 }
 
 impl Default for FrontendOptions {
@@ -63,6 +65,7 @@ impl Default for FrontendOptions {
             generation_config: GenerationConfig::default(),
             override_generation_config: Map::new(),
             limits: RequestLimits::default(),
+            multimodal: aphro_core::multimodal::MultimodalOptions::default(),
         }
     }
 }
@@ -104,11 +107,27 @@ impl FrontendOptions {
             // vLLM reads the Harmony preamble's date and instruction placement from its
             // environment; so does the server.
             harmony: aphro_core::harmony::HarmonyOptions::from_env(),
+            multimodal: self.multimodal,
             ..RenderOptions::default()
         };
         options
             .default_chat_template_kwargs
             .extend(self.default_chat_template_kwargs.clone());
+        // A Qwen-VL model dir brings its image processor: image parts then render to
+        // placeholder runs and `features` (the `--model` string is the mm_hash model id).
+        let model_dir = match &model.source {
+            aphro_core::model::ModelSource::Dir(d) => Some(d.as_path()),
+            aphro_core::model::ModelSource::Hub { snapshot, .. } => Some(snapshot.as_path()),
+            _ => None,
+        };
+        if let Some(dir) = model_dir {
+            if let Some(vision) =
+                aphro_core::multimodal::VisionModel::from_model_dir(dir, &model.name)?
+            {
+                tracing::info!("multimodal: images through the Qwen-VL processor");
+                options.vision = Some(Arc::new(vision));
+            }
+        }
         match model.tokenizer.encoder_backend() {
             aphro_core::tokenizer::EncoderBackend::Fast => {
                 tracing::info!("tokenizer: encoding with fastokens (matched tokenizers at load)")

@@ -1,0 +1,324 @@
+//! The Qwen2-VL / Qwen2.5-VL / Qwen3-VL image processor as vLLM 0.33 runs transformers'
+//! `Qwen2VLImageProcessor` (torchvision backend): `smart_resize` to a multiple of
+//! `patch_size * merge_size` within `[min_pixels, max_pixels]`, bicubic antialiased resize in
+//! `uint8`, then either the raw bytes (vLLM's default, the model normalizes on the device) or
+//! rescale + normalize cast to the model dtype, and patchify to
+//! `[grid_t*grid_h*grid_w, C*T*P*P]` with the frame repeated `temporal_patch_size` times.
+use super::image_io::DecodedImage;
+use super::resize::resize_rgb8_bicubic_aa;
+use super::Tensor;
+use crate::error::{Error, Result};
+use serde_json::{Map, Value};
+
+const CHANNELS: usize = 3;
+
+/// What `preprocessor_config.json` (and the model's `config.json`) say about images.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QwenVlProcessor {
+    pub patch_size: usize,
+    pub merge_size: usize,
+    pub temporal_patch_size: usize,
+    pub min_pixels: u64,
+    pub max_pixels: u64,
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+    pub rescale_factor: f64,
+    /// The name vLLM's processor errors use (`Qwen2VLProcessor`, `Qwen3VLProcessor`).
+    pub processor_class: String,
+}
+
+/// How `pixel_values` leave the processor (vLLM's `--[no-]mm-device-do-normalize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PixelOutput {
+    /// Default: the resized `uint8` pixels; the model rescales and normalizes on the device.
+    RawU8,
+    /// Rescaled and normalized on the CPU, then cast to the model dtype.
+    Normalized(FloatDtype),
+}
+
+/// The floating dtypes a model config names (`torch_dtype` / `dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloatDtype {
+    BFloat16,
+    Float16,
+    Float32,
+}
+
+impl FloatDtype {
+    /// From a `config.json` dtype string; `None` for anything else.
+    pub fn from_config(name: &str) -> Option<Self> {
+        match name {
+            "bfloat16" => Some(FloatDtype::BFloat16),
+            "float16" | "half" => Some(FloatDtype::Float16),
+            "float32" | "float" => Some(FloatDtype::Float32),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            FloatDtype::BFloat16 => "bfloat16",
+            FloatDtype::Float16 => "float16",
+            FloatDtype::Float32 => "float32",
+        }
+    }
+}
+
+/// One processed image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessedImage {
+    /// `image_grid_thw`: `[1, grid_h, grid_w]` in patches.
+    pub grid_thw: [i64; 3],
+    /// `pixel_values`: `[grid_t*grid_h*grid_w, C*T*P*P]`.
+    pub pixel_values: Tensor,
+    /// Placeholder tokens the image takes: `grid_t*grid_h*grid_w / merge_size²`.
+    pub num_tokens: usize,
+}
+
+fn usize_of(cfg: &Value, key: &str, default: usize) -> usize {
+    cfg.get(key)
+        .and_then(Value::as_u64)
+        .map_or(default, |v| v as usize)
+}
+
+fn triple(cfg: &Value, key: &str, default: [f32; 3]) -> Result<[f32; 3]> {
+    let Some(v) = cfg.get(key) else {
+        return Ok(default);
+    };
+    let list: Vec<f64> = v
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    match list.as_slice() {
+        [a, b, c] => Ok([*a as f32, *b as f32, *c as f32]),
+        _ => Err(Error::ModelFiles(format!(
+            "preprocessor_config.json: `{key}` must be 3 numbers"
+        ))),
+    }
+}
+
+impl QwenVlProcessor {
+    /// From `preprocessor_config.json`: `min_pixels`/`max_pixels` (Qwen2-VL) or
+    /// `size.shortest_edge`/`size.longest_edge` (Qwen3-VL), patch/merge/temporal sizes, mean/std.
+    pub fn from_preprocessor_config(cfg: &Value) -> Result<Self> {
+        let size = cfg.get("size");
+        let pick = |top: &str, edge: &str, default: u64| {
+            cfg.get(top)
+                .and_then(Value::as_u64)
+                .or_else(|| size.and_then(|s| s.get(edge)).and_then(Value::as_u64))
+                .unwrap_or(default)
+        };
+        let processor_class = cfg
+            .get("processor_class")
+            .and_then(Value::as_str)
+            .unwrap_or("Qwen2VLProcessor")
+            .to_owned();
+        let p = QwenVlProcessor {
+            patch_size: usize_of(cfg, "patch_size", 14),
+            merge_size: usize_of(cfg, "merge_size", 2),
+            temporal_patch_size: usize_of(cfg, "temporal_patch_size", 2),
+            min_pixels: pick("min_pixels", "shortest_edge", 56 * 56),
+            max_pixels: pick("max_pixels", "longest_edge", 28 * 28 * 1280),
+            image_mean: triple(cfg, "image_mean", [0.481_454_66, 0.457_827_5, 0.408_210_73])?,
+            image_std: triple(cfg, "image_std", [0.268_629_54, 0.261_302_6, 0.275_777_1])?,
+            rescale_factor: cfg
+                .get("rescale_factor")
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0 / 255.0),
+            processor_class,
+        };
+        if p.patch_size == 0 || p.merge_size == 0 || p.temporal_patch_size == 0 {
+            return Err(Error::ModelFiles(
+                "preprocessor_config.json: patch sizes must be positive".into(),
+            ));
+        }
+        Ok(p)
+    }
+
+    /// This processor with a request's `mm_processor_kwargs` applied (`min_pixels`,
+    /// `max_pixels`, `size`); other keys do not change the image path.
+    pub fn with_overrides(&self, kwargs: &Map<String, Value>) -> Result<Self> {
+        let mut p = self.clone();
+        let num = |v: &Value, k: &str| {
+            v.as_u64().ok_or_else(|| {
+                Error::bad_request(format!(
+                    "mm_processor_kwargs.{k} must be a positive integer"
+                ))
+            })
+        };
+        if let Some(v) = kwargs.get("min_pixels") {
+            p.min_pixels = num(v, "min_pixels")?;
+        }
+        if let Some(v) = kwargs.get("max_pixels") {
+            p.max_pixels = num(v, "max_pixels")?;
+        }
+        if let Some(size) = kwargs.get("size") {
+            if let Some(v) = size.get("shortest_edge") {
+                p.min_pixels = num(v, "size.shortest_edge")?;
+            }
+            if let Some(v) = size.get("longest_edge") {
+                p.max_pixels = num(v, "size.longest_edge")?;
+            }
+        }
+        Ok(p)
+    }
+
+    /// `patch_size * merge_size`: output sides are multiples of this.
+    pub fn factor(&self) -> usize {
+        self.patch_size * self.merge_size
+    }
+
+    /// transformers' `smart_resize`: the `(height, width)` the image is resized to.
+    pub fn smart_resize(&self, height: usize, width: usize) -> Result<(usize, usize)> {
+        let (h, w) = (height as f64, width as f64);
+        let ratio = h.max(w) / h.min(w);
+        if height == 0 || width == 0 || ratio > 200.0 {
+            return Err(Error::bad_request(format!(
+                "Failed to apply {}: absolute aspect ratio must be smaller than 200, got {ratio}",
+                self.processor_class
+            )));
+        }
+        let f = self.factor() as f64;
+        // Python's round() rounds half to even.
+        let mut h_bar = (h / f).round_ties_even() * f;
+        let mut w_bar = (w / f).round_ties_even() * f;
+        if h_bar * w_bar > self.max_pixels as f64 {
+            let beta = (h * w / self.max_pixels as f64).sqrt();
+            h_bar = f.max((h / beta / f).floor() * f);
+            w_bar = f.max((w / beta / f).floor() * f);
+        } else if h_bar * w_bar < self.min_pixels as f64 {
+            let beta = (self.min_pixels as f64 / (h * w)).sqrt();
+            h_bar = (h * beta / f).ceil() * f;
+            w_bar = (w * beta / f).ceil() * f;
+        }
+        Ok((h_bar as usize, w_bar as usize))
+    }
+
+    /// Resizes and patchifies one image.
+    pub fn process(&self, image: &DecodedImage, output: PixelOutput) -> Result<ProcessedImage> {
+        let (h, w) = self.smart_resize(image.height, image.width)?;
+        let resized = if (h, w) == (image.height, image.width) {
+            image.rgb.clone()
+        } else {
+            resize_rgb8_bicubic_aa(&image.rgb, image.width, image.height, w, h)
+        };
+        let (p, m, t) = (self.patch_size, self.merge_size, self.temporal_patch_size);
+        let (gh, gw) = (h / p, w / p);
+        let rows = gh * gw;
+        let row_len = CHANNELS * t * p * p;
+        let order = PatchOrder { p, m, t, gh, gw, w };
+        let pixel_values = match output {
+            PixelOutput::RawU8 => {
+                let mut data = Vec::with_capacity(rows * row_len);
+                order.for_each_line(&resized, |c, line| {
+                    data.extend(line.iter().skip(c).step_by(CHANNELS));
+                });
+                Tensor {
+                    dtype: "uint8",
+                    shape: vec![rows, row_len],
+                    data,
+                }
+            }
+            PixelOutput::Normalized(dtype) => {
+                // transformers fuses rescale into normalize: mean/std scaled by 1/rescale_factor
+                // in float32, then (x - mean) / std in float32.
+                let inv = (1.0 / self.rescale_factor) as f32;
+                let mean = self.image_mean.map(|v| v * inv);
+                let std = self.image_std.map(|v| v * inv);
+                let width = match dtype {
+                    FloatDtype::Float32 => 4,
+                    _ => 2,
+                };
+                let mut data = Vec::with_capacity(rows * row_len * width);
+                order.for_each_line(&resized, |c, line| {
+                    for &x in line.iter().skip(c).step_by(CHANNELS) {
+                        let v = (f32::from(x) - mean[c]) / std[c];
+                        match dtype {
+                            FloatDtype::BFloat16 => {
+                                data.extend(half::bf16::from_f32(v).to_bits().to_le_bytes())
+                            }
+                            FloatDtype::Float16 => {
+                                data.extend(half::f16::from_f32(v).to_bits().to_le_bytes())
+                            }
+                            FloatDtype::Float32 => data.extend(v.to_le_bytes()),
+                        }
+                    }
+                });
+                Tensor {
+                    dtype: dtype.name(),
+                    shape: vec![rows, row_len],
+                    data,
+                }
+            }
+        };
+        Ok(ProcessedImage {
+            grid_thw: [1, gh as i64, gw as i64],
+            pixel_values,
+            num_tokens: rows / (m * m),
+        })
+    }
+}
+
+/// The row order of `pixel_values`: merge window (gh/m, gw/m), then the patch inside it
+/// (m, m); each row is channel-major with the frame repeated T times: `[C, T, P, P]`.
+struct PatchOrder {
+    p: usize,
+    m: usize,
+    t: usize,
+    gh: usize,
+    gw: usize,
+    /// Image width in pixels.
+    w: usize,
+}
+
+impl PatchOrder {
+    /// Calls `emit(channel, line)` for each patch line in output order, where `line` is the
+    /// `P` interleaved RGB pixels (`P * 3` bytes) of the resized image that line reads.
+    fn for_each_line(&self, resized: &[u8], mut emit: impl FnMut(usize, &[u8])) {
+        let (p, m) = (self.p, self.m);
+        for bh in 0..self.gh / m {
+            for bw in 0..self.gw / m {
+                for mh in 0..m {
+                    for mw in 0..m {
+                        let y0 = (bh * m + mh) * p;
+                        let x0 = (bw * m + mw) * p;
+                        for c in 0..CHANNELS {
+                            for _ in 0..self.t {
+                                for py in 0..p {
+                                    let start = ((y0 + py) * self.w + x0) * CHANNELS;
+                                    emit(c, &resized[start..start + p * CHANNELS]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn qwen2() -> QwenVlProcessor {
+        QwenVlProcessor::from_preprocessor_config(
+            &json!({"min_pixels": 3136, "max_pixels": 12845056}),
+        )
+        .expect("config")
+    }
+
+    #[test]
+    fn smart_resize_matches_the_observed_grids() {
+        let p = qwen2();
+        assert_eq!(p.smart_resize(224, 224).ok(), Some((224, 224)));
+        assert_eq!(p.smart_resize(480, 640).ok(), Some((476, 644)));
+        assert_eq!(p.smart_resize(32, 32).ok(), Some((56, 56)));
+        assert_eq!(p.smart_resize(200, 1000).ok(), Some((196, 1008)));
+        assert_eq!(p.smart_resize(2000, 3000).ok(), Some((1988, 2996)));
+        assert_eq!(p.smart_resize(10, 10).ok(), Some((56, 56)));
+        let e = p.smart_resize(1, 201).expect_err("aspect ratio");
+        assert_eq!(e.status(), 400);
+    }
+}
