@@ -99,6 +99,7 @@ fn cases() -> Vec<Case> {
                 head_dim: 8,
                 block_size: 4,
                 scale: 0.35,
+                window: None,
             },
             num_blocks: 16,
             seqs: vec![
@@ -121,6 +122,7 @@ fn cases() -> Vec<Case> {
                 head_dim: 64,
                 block_size: 16,
                 scale: 0.125,
+                window: None,
             },
             num_blocks: 12,
             seqs: vec![
@@ -137,6 +139,7 @@ fn cases() -> Vec<Case> {
                 head_dim: 16,
                 block_size: 1,
                 scale: 0.25,
+                window: None,
             },
             num_blocks: 12,
             seqs: vec![(3, 2, vec![7, 0, 9, 4, 2]), (1, 3, vec![1, 3, 5, 11])],

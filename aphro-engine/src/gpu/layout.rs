@@ -241,6 +241,7 @@ mod tests {
             head_dim: 4,
             block_size: 4,
             scale: 1.0,
+            window: None,
         };
         let got: Vec<usize> = (0..8).map(|h| kv_head(h, &shape)).collect();
         assert_eq!(got, vec![0, 0, 0, 0, 1, 1, 1, 1]);
@@ -257,6 +258,7 @@ mod tests {
             head_dim: 8,
             block_size: 4,
             scale: 0.3,
+            window: None,
         };
         let (nb, kv_w) = (16, 16);
         let kc = rand(nb * 4 * kv_w, &mut seed);
