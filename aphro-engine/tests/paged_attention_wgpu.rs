@@ -132,6 +132,23 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "sliding window 20 cutting inside blocks",
+            shape: AttnShape {
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 32,
+                block_size: 16,
+                scale: 0.2,
+                window: Some(20),
+            },
+            num_blocks: 12,
+            seqs: vec![
+                (1, 70, vec![4, 10, 1, 8, 3]),
+                (30, 3, vec![0, 7, 2]),
+                (1, 5, vec![11]),
+            ],
+        },
+        Case {
             name: "mha, block size 1",
             shape: AttnShape {
                 num_heads: 2,

@@ -106,10 +106,6 @@ where
         shape: &AttnShape,
     ) -> CubeTensor<R> {
         let [tokens, qdim] = dims2(&q);
-        // The kernel has no sliding-window mask yet: such layers take the op-by-op path.
-        if shape.window.is_some() {
-            return reference::paged_attention::<Self>(q, k_cache, v_cache, seqs, shape);
-        }
         let Ok(meta) = PagedMeta::build(tokens, seqs, shape.block_size) else {
             // The runner validated the batch; keep the reference's behaviour otherwise.
             return reference::paged_attention::<Self>(q, k_cache, v_cache, seqs, shape);
@@ -138,6 +134,7 @@ where
             tables.into_tensor_arg(),
             out.clone().into_tensor_arg(),
             shape.scale,
+            shape.window.map_or(0, |w| w as u32),
             shape.head_dim,
             shape.num_heads / shape.num_kv_heads,
             shape.block_size,
