@@ -61,12 +61,16 @@ pub fn paged_attention_kernel<F: Float, K: Float>(
     let mut m = f32::new(-1.0e30);
     let mut l = f32::new(0.0);
     let mut p = lane;
+    // The row's first key inside its sliding window (0 without one).
     let w = window as usize;
-    if w > 0 {
-        if pos + 1 > w {
-            p += pos + 1 - w;
-        }
+    let mut first = 0usize;
+    if pos + 1 > w {
+        first = pos + 1 - w;
     }
+    if w == 0 {
+        first = 0;
+    }
+    p += first;
     while p <= pos {
         let block = block_tables[bt_base + (p / block_size) * block_tables.stride(1)] as usize;
         let slot = block * block_size + p % block_size;

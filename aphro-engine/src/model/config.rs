@@ -192,6 +192,15 @@ impl LlamaConfig {
             Some(x) => x.as_u64().map(|x| x as u32).into_iter().collect(),
             None => Vec::new(),
         };
+        let scaling_type = v
+            .get("rope_scaling")
+            .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
+            .and_then(|t| t.as_str());
+        // Refuse what would silently compute other frequencies (`dynamic` NTK changes
+        // nothing within the original context).
+        if let Some(ty) = scaling_type.filter(|t| !matches!(*t, "default" | "llama3" | "dynamic")) {
+            return Err(ModelError::Unsupported(format!("rope_scaling type {ty:?}")));
+        }
         let rope_scaling = v.get("rope_scaling").and_then(|s| {
             let ty = s
                 .get("rope_type")
@@ -308,6 +317,17 @@ mod tests {
         let v = serde_json::json!({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]});
         let e = LlamaConfig::from_hf_json(&v).expect_err("gpt2 is unsupported");
         assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
+    }
+
+    #[test]
+    fn unimplemented_rope_scaling_is_refused() {
+        let v = serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100,
+            "rope_scaling": {"type": "yarn", "factor": 4.0}
+        });
+        let e = LlamaConfig::from_hf_json(&v).expect_err("yarn is not implemented");
+        assert!(e.to_string().contains("yarn"), "{e}");
     }
 
     #[test]

@@ -19,6 +19,9 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 
+/// Sets an architecture's fields of a config from GGUF metadata.
+pub type GgufConfigure = fn(&GgufFile, &mut LlamaConfig) -> Result<(), ModelError>;
+
 /// How one architecture differs from the plain Llama block.
 pub struct Architecture {
     /// Our name for it, and its GGUF `general.architecture` when [`Self::from_gguf`] is set.
@@ -31,7 +34,7 @@ pub struct Architecture {
     /// its `config.json`.
     pub from_hf: fn(&Value, &mut LlamaConfig) -> Result<(), ModelError>,
     /// The same from GGUF metadata; `None`: this architecture is not loaded from GGUF.
-    pub from_gguf: Option<fn(&GgufFile, &mut LlamaConfig) -> Result<(), ModelError>>,
+    pub from_gguf: Option<GgufConfigure>,
     /// GGUF tensor name of a per-layer HF parameter (`self_attn.q_proj`, no layer, no
     /// suffix) where it differs from llama.cpp's Llama names.
     pub gguf_tensor: fn(&str) -> Option<&'static str>,
