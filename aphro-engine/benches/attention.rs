@@ -82,6 +82,7 @@ fn main() {
         head_dim: 64,
         block_size: 16,
         scale: 0.125,
+        window: None,
     };
     let mut seed = 7;
     println!(

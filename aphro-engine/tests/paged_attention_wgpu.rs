@@ -99,6 +99,7 @@ fn cases() -> Vec<Case> {
                 head_dim: 8,
                 block_size: 4,
                 scale: 0.35,
+                window: None,
             },
             num_blocks: 16,
             seqs: vec![
@@ -121,12 +122,30 @@ fn cases() -> Vec<Case> {
                 head_dim: 64,
                 block_size: 16,
                 scale: 0.125,
+                window: None,
             },
             num_blocks: 12,
             seqs: vec![
                 (1, 70, vec![4, 10, 1, 8, 3]),
                 (9, 33, vec![0, 7, 2]),
                 (1, 0, vec![11]),
+            ],
+        },
+        Case {
+            name: "sliding window 20 cutting inside blocks",
+            shape: AttnShape {
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 32,
+                block_size: 16,
+                scale: 0.2,
+                window: Some(20),
+            },
+            num_blocks: 12,
+            seqs: vec![
+                (1, 70, vec![4, 10, 1, 8, 3]),
+                (30, 3, vec![0, 7, 2]),
+                (1, 5, vec![11]),
             ],
         },
         Case {
@@ -137,6 +156,7 @@ fn cases() -> Vec<Case> {
                 head_dim: 16,
                 block_size: 1,
                 scale: 0.25,
+                window: None,
             },
             num_blocks: 12,
             seqs: vec![(3, 2, vec![7, 0, 9, 4, 2]), (1, 3, vec![1, 3, 5, 11])],

@@ -1222,3 +1222,47 @@ fn generative_scoring_matches_hf_logits() {
     );
     assert_eq!(status, 404);
 }
+
+/// `aphro serve` on the Gemma-3-270M GGUF (SentencePiece vocabulary, no chat template of
+/// its own) with `--chat-template` answers a chat, tokenizing the rendered prompt as the
+/// model's own `tokenizer.json` does.
+#[test]
+fn gemma3_gguf_answers_a_chat_with_the_given_template() {
+    let model = assets().join("models/gemma-3-270m-q4_k_m.gguf");
+    let model = model.to_string_lossy().into_owned();
+    let tok_dir = assets().join("tokenizers/gemma3");
+    let cfg: Value = json(
+        &std::fs::read_to_string(tok_dir.join("tokenizer_config.json")).expect("gemma3 config"),
+    );
+    let template = cfg["chat_template"].as_str().expect("gemma3 template");
+    let dir = std::env::temp_dir().join(format!("aphro-gemma3-chat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let template_path = dir.join("gemma3.jinja");
+    std::fs::write(&template_path, template).expect("write template");
+    let template_path = template_path.to_string_lossy().into_owned();
+    let mut args = vec![
+        "serve",
+        model.as_str(),
+        "--served-model-name",
+        "gemma",
+        "--chat-template",
+        template_path.as_str(),
+    ];
+    args.extend(engine_flags());
+    let s = Server::start(&args);
+    let chat = json!({"model": "gemma", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                      "max_tokens": 12, "temperature": 0});
+    let (status, body) = s.post("/v1/chat/completions", &chat, &[]);
+    assert_eq!(status, 200, "{body}");
+    let v = json(&body);
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(!answer.trim().is_empty(), "{body}");
+    let rendered = "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n";
+    let hf = aphro_core::tokenizer::Tokenizer::from_file(&tok_dir.join("tokenizer.json"))
+        .expect("gemma3 tokenizer");
+    let want = hf.encode(rendered, false).expect("encodes").len() as u64;
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(want), "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -134,6 +134,7 @@ where
             tables.into_tensor_arg(),
             out.clone().into_tensor_arg(),
             shape.scale,
+            shape.window.map_or(0, |w| w as u32),
             shape.head_dim,
             shape.num_heads / shape.num_kv_heads,
             shape.block_size,

@@ -11,7 +11,8 @@ use cubecl::prelude::*;
 /// the keys `0..=pos` round-robin, each keeping an online-softmax state (running max, sum
 /// and a `head_dim` accumulator) in registers, and merge them through shared memory at the
 /// end. Decode rows and prefill rows (causal over the chunk plus cached blocks) are the
-/// same thing here: a row attends to every key up to its own position.
+/// same thing here: a row attends to every key up to its own position, or with a sliding
+/// `window` (0: none) to the `window` keys ending there.
 ///
 /// Launch: `CubeCount(num_heads, tokens, 1)`, `CubeDim(units, 1, 1)`.
 #[cube(launch)]
@@ -24,6 +25,7 @@ pub fn paged_attention_kernel<F: Float, K: Float>(
     block_tables: &Tensor<u32>,
     out: &mut Tensor<F>,
     scale: f32,
+    window: u32,
     #[comptime] head_dim: usize,
     #[comptime] group: usize,
     #[comptime] block_size: usize,
@@ -59,6 +61,16 @@ pub fn paged_attention_kernel<F: Float, K: Float>(
     let mut m = f32::new(-1.0e30);
     let mut l = f32::new(0.0);
     let mut p = lane;
+    // The row's first key inside its sliding window (0 without one).
+    let w = window as usize;
+    let mut first = 0usize;
+    if pos + 1 > w {
+        first = pos + 1 - w;
+    }
+    if w == 0 {
+        first = 0;
+    }
+    p += first;
     while p <= pos {
         let block = block_tables[bt_base + (p / block_size) * block_tables.stride(1)] as usize;
         let slot = block * block_size + p % block_size;

@@ -140,7 +140,8 @@ pub fn paged_attention_host(
             for lane in 0..units {
                 let (mut m, mut l) = (NEG_BIG, 0f32);
                 let mut acc = vec![0f32; d];
-                let mut p = lane;
+                // The first key in the sliding window, as the kernel skips to it.
+                let mut p = lane + shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 while p <= pos {
                     let off = meta.slot(seq as usize, p, shape.block_size) * kv_w + col;
                     let s: f32 = qv
@@ -241,6 +242,7 @@ mod tests {
             head_dim: 4,
             block_size: 4,
             scale: 1.0,
+            window: None,
         };
         let got: Vec<usize> = (0..8).map(|h| kv_head(h, &shape)).collect();
         assert_eq!(got, vec![0, 0, 0, 0, 1, 1, 1, 1]);
@@ -257,6 +259,7 @@ mod tests {
             head_dim: 8,
             block_size: 4,
             scale: 0.3,
+            window: None,
         };
         let (nb, kv_w) = (16, 16);
         let kc = rand(nb * 4 * kv_w, &mut seed);
@@ -289,20 +292,27 @@ mod tests {
         let q = rand(tokens * 6 * 8, &mut seed);
         let meta = PagedMeta::build(tokens, &seqs, 4).expect("valid");
         let flex = |v: &[f32], s: [usize; 2]| FlexTensor::from_data(TensorData::new(v.to_vec(), s));
-        let want = reference::paged_attention::<Flex>(
-            flex(&q, [tokens, 48]),
-            &flex(&kc, [nb * 4, kv_w]),
-            &flex(&vc, [nb * 4, kv_w]),
-            &seqs,
-            &shape,
-        )
-        .into_data()
-        .to_vec::<f32>()
-        .expect("f32");
-        for units in [1, 3, 32] {
-            let got = paged_attention_host(&q, &kc, &vc, &meta, &shape, units);
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!((a - b).abs() < 1e-5, "units {units} [{i}]: {a} vs {b}");
+        // Without a window, and with one that cuts inside a block.
+        for window in [None, Some(3)] {
+            let shape = AttnShape { window, ..shape };
+            let want = reference::paged_attention::<Flex>(
+                flex(&q, [tokens, 48]),
+                &flex(&kc, [nb * 4, kv_w]),
+                &flex(&vc, [nb * 4, kv_w]),
+                &seqs,
+                &shape,
+            )
+            .into_data()
+            .to_vec::<f32>()
+            .expect("f32");
+            for units in [1, 3, 32] {
+                let got = paged_attention_host(&q, &kc, &vc, &meta, &shape, units);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "units {units} window {window:?} [{i}]: {a} vs {b}"
+                    );
+                }
             }
         }
     }

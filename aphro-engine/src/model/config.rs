@@ -5,20 +5,9 @@ use aphro_core::gguf::GgufFile;
 use super::moe::MoeConfig;
 use super::ModelError;
 
-/// The architectures whose forward pass [`super::llama`] implements.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen3_moe",
-    "mixtral",
-    "olmoe",
-];
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
-    /// `llama`, `mistral`, `qwen2` or `qwen3`.
+    /// The registry name ([`super::arch::Architecture::name`]): `llama`, `gemma3`, ...
     pub architecture: String,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -42,6 +31,69 @@ pub struct LlamaConfig {
     /// Mixture-of-experts feed-forward (Qwen3-MoE, Mixtral, OLMoE); `None`: dense MLP.
     pub moe: Option<MoeConfig>,
     pub eos_token_ids: Vec<u32>,
+    /// Where the block departs from Llama's (set by the architecture's registry entry).
+    pub features: ArchFeatures,
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MlpActivation {
+    /// SwiGLU: `silu(gate) * up`.
+    #[default]
+    Silu,
+    /// GeGLU with PyTorch's tanh-approximate GELU (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// The per-architecture departures from the Llama block; the default is Llama.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArchFeatures {
+    /// Sliding-window attention width (keys `p - w < k <= p`), on the layers of
+    /// [`Self::sliding_layers`].
+    pub sliding_window: Option<usize>,
+    /// Which layers use the window; empty: all of them.
+    pub sliding_layers: Vec<bool>,
+    /// RoPE base of the sliding-window layers when it differs from `rope_theta` (Gemma 3).
+    pub rope_local_theta: Option<f32>,
+    /// Added to every RMSNorm weight at load (Gemma's `x * (1 + w)` checkpoints).
+    pub norm_weight_offset: f32,
+    /// Norms after attention and after the MLP too, before each residual add (Gemma).
+    pub sandwich_norms: bool,
+    /// Embeddings are multiplied by this (Gemma: `sqrt(hidden)`, Granite's multiplier).
+    pub embed_scale: Option<f32>,
+    /// Attention score scale instead of `1/sqrt(head_dim)`.
+    pub attn_scale: Option<f32>,
+    pub mlp: MlpActivation,
+    /// Logits become `cap * tanh(logits / cap)`.
+    pub final_logit_softcap: Option<f32>,
+    /// Each residual branch is scaled by this before the add (Granite).
+    pub residual_multiplier: f32,
+    /// Logits are divided by this (Granite's `logits_scaling`).
+    pub logits_divisor: f32,
+    /// One `qkv_proj` matrix with rows `[q; k; v]` (Phi-3).
+    pub fused_qkv: bool,
+    /// One `gate_up_proj` matrix with rows `[gate; up]` (Phi-3).
+    pub fused_gate_up: bool,
+}
+
+impl Default for ArchFeatures {
+    fn default() -> Self {
+        Self {
+            sliding_window: None,
+            sliding_layers: Vec::new(),
+            rope_local_theta: None,
+            norm_weight_offset: 0.0,
+            sandwich_norms: false,
+            embed_scale: None,
+            attn_scale: None,
+            mlp: MlpActivation::Silu,
+            final_logit_softcap: None,
+            residual_multiplier: 1.0,
+            logits_divisor: 1.0,
+            fused_qkv: false,
+            fused_gate_up: false,
+        }
+    }
 }
 
 /// `rope_scaling: {"rope_type": "llama3", ...}` (Llama 3.1+).
@@ -53,27 +105,32 @@ pub struct Llama3RopeScaling {
     pub original_max_position: f32,
 }
 
-fn arch_flags(arch: &str) -> Result<(bool, bool), ModelError> {
-    match arch {
-        "llama" | "mistral" => Ok((false, false)),
-        "qwen2" => Ok((true, false)),
-        // `qwen3moe`: llama.cpp's name for Qwen3-MoE.
-        "qwen3" | "qwen3_moe" | "qwen3moe" | "olmoe" => Ok((false, true)),
-        "mixtral" => Ok((false, false)),
-        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
-    }
-}
-
 impl LlamaConfig {
     /// Whether llama.cpp's converter permuted the Q/K rows of this architecture (it does so
     /// for `llama`/`mistral` so ggml can use interleaved RoPE pairs).
     pub fn gguf_qk_permuted(&self) -> bool {
-        matches!(self.architecture.as_str(), "llama" | "mistral")
+        super::arch::by_name(&self.architecture).is_some_and(|a| a.gguf_qk_permuted)
+    }
+
+    /// The sliding window of layer `l`, if it has one.
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        let f = &self.features;
+        f.sliding_window.filter(|_| {
+            f.sliding_layers
+                .get(l)
+                .copied()
+                .unwrap_or(f.sliding_layers.is_empty())
+        })
+    }
+
+    /// Whether layer `l` uses [`ArchFeatures::rope_local_theta`].
+    pub fn layer_uses_local_rope(&self, l: usize) -> bool {
+        self.features.rope_local_theta.is_some() && self.layer_window(l).is_some()
     }
 
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let arch = g.architecture()?.to_string();
-        let (qkv_bias, qk_norm) = arch_flags(&arch)?;
+        let entry = super::arch::for_gguf(&arch)?;
         let moe = MoeConfig::from_gguf(&arch, g)?;
         let int = |k: &str| -> Result<usize, ModelError> {
             let v = g.arch_i64(k)?;
@@ -113,38 +170,25 @@ impl LlamaConfig {
                 .unwrap_or(1e-5) as f32,
             max_position: int("context_length").unwrap_or(4096),
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
-            qkv_bias,
-            qk_norm,
-            qk_norm_whole: arch == "olmoe",
+            qkv_bias: false,
+            qk_norm: false,
+            qk_norm_whole: false,
             moe,
             eos_token_ids: eos.into_iter().collect(),
             architecture: arch,
+            features: ArchFeatures::default(),
         };
+        let mut cfg = cfg;
+        if let Some(configure) = entry.from_gguf {
+            configure(g, &mut cfg)?;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// From an HF `config.json` value.
     pub fn from_hf_json(v: &serde_json::Value) -> Result<Self, ModelError> {
-        let archs: Vec<&str> = v
-            .get("architectures")
-            .and_then(|a| a.as_array())
-            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
-            .unwrap_or_default();
-        let model_type = v.get("model_type").and_then(|s| s.as_str()).unwrap_or("");
-        let arch = match model_type {
-            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "olmoe" => {
-                model_type.to_string()
-            }
-            _ => {
-                return Err(ModelError::UnsupportedArchitecture(if archs.is_empty() {
-                    model_type.to_string()
-                } else {
-                    archs.join(",")
-                }))
-            }
-        };
-        let (qkv_bias, qk_norm) = arch_flags(&arch)?;
+        let entry = super::arch::for_hf(v)?;
         let int = |k: &str| -> Option<usize> { v.get(k)?.as_u64().map(|x| x as usize) };
         let need =
             |k: &str| int(k).ok_or_else(|| ModelError::Config(format!("config.json lacks {k}")));
@@ -161,6 +205,15 @@ impl LlamaConfig {
             Some(x) => x.as_u64().map(|x| x as u32).into_iter().collect(),
             None => Vec::new(),
         };
+        let scaling_type = v
+            .get("rope_scaling")
+            .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
+            .and_then(|t| t.as_str());
+        // Refuse what would silently compute other frequencies (`dynamic` NTK changes
+        // nothing within the original context).
+        if let Some(ty) = scaling_type.filter(|t| !matches!(*t, "default" | "llama3" | "dynamic")) {
+            return Err(ModelError::Unsupported(format!("rope_scaling type {ty:?}")));
+        }
         let rope_scaling = v.get("rope_scaling").and_then(|s| {
             let ty = s
                 .get("rope_type")
@@ -199,16 +252,19 @@ impl LlamaConfig {
                 .get("tie_word_embeddings")
                 .and_then(|x| x.as_bool())
                 .unwrap_or(false),
-            qkv_bias: qkv_bias
-                || v.get("attention_bias")
-                    .and_then(|x| x.as_bool())
-                    .unwrap_or(false),
-            qk_norm,
-            qk_norm_whole: arch == "olmoe",
-            moe: MoeConfig::from_hf_json(&arch, v)?,
+            qkv_bias: v
+                .get("attention_bias")
+                .and_then(|x| x.as_bool())
+                .unwrap_or(false),
+            qk_norm: false,
+            qk_norm_whole: false,
+            moe: MoeConfig::from_hf_json(entry.name, v)?,
             eos_token_ids,
-            architecture: arch,
+            architecture: entry.name.to_string(),
+            features: ArchFeatures::default(),
         };
+        let mut cfg = cfg;
+        (entry.from_hf)(v, &mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -236,10 +292,15 @@ impl LlamaConfig {
     /// RoPE inverse frequencies, computed in f32 like HF (`1 / theta^(2i/d)`), with Llama 3
     /// scaling applied when configured.
     pub fn inv_freq(&self) -> Vec<f32> {
+        self.inv_freq_for(self.rope_theta)
+    }
+
+    /// [`Self::inv_freq`] with base `theta`.
+    pub fn inv_freq_for(&self, theta: f32) -> Vec<f32> {
         let d = self.head_dim;
         (0..d / 2)
             .map(|i| {
-                let f = 1.0f32 / self.rope_theta.powf((2 * i) as f32 / d as f32);
+                let f = 1.0f32 / theta.powf((2 * i) as f32 / d as f32);
                 match self.rope_scaling {
                     None => f,
                     Some(s) => {
@@ -271,6 +332,17 @@ mod tests {
         let v = serde_json::json!({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]});
         let e = LlamaConfig::from_hf_json(&v).expect_err("gpt2 is unsupported");
         assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
+    }
+
+    #[test]
+    fn unimplemented_rope_scaling_is_refused() {
+        let v = serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100,
+            "rope_scaling": {"type": "yarn", "factor": 4.0}
+        });
+        let e = LlamaConfig::from_hf_json(&v).expect_err("yarn is not implemented");
+        assert!(e.to_string().contains("yarn"), "{e}");
     }
 
     #[test]

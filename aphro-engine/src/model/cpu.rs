@@ -60,3 +60,17 @@ pub fn swiglu(g: &mut [f32], u: &[f32]) {
         }
     });
 }
+
+/// `g = gelu_tanh(g) * u` elementwise, in PyTorch's formula
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn geglu_tanh(g: &mut [f32], u: &[f32]) {
+    use super::ops::reference::{GELU_BETA, GELU_KAPPA};
+    let n = 1024.min(g.len());
+    for_rows(g, n, |i, row| {
+        for (v, &u) in row.iter_mut().zip(&u[i * n..]) {
+            let x = *v;
+            let inner = GELU_BETA * (x + GELU_KAPPA * x * x * x);
+            *v = 0.5 * x * (1.0 + inner.tanh()) * u;
+        }
+    });
+}

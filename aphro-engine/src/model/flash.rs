@@ -298,6 +298,11 @@ impl QueryBlock<'_> {
             out[seg_first * d..].fill(0.0);
             for k0 in (seg_start..ctx.min(seg_start + SEGMENT)).step_by(KEY_TILE) {
                 let n = KEY_TILE.min(ctx - k0);
+                // A tile wholly before the first row's sliding window is before every
+                // row's (later rows' windows start later).
+                if shape.window.is_some_and(|w| k0 + n + w <= pos0 + 1) {
+                    continue;
+                }
                 if !in_place {
                     for t in 0..KEY_TILE {
                         let (g, u) = (t / GROUP, t % GROUP);
@@ -358,10 +363,23 @@ impl QueryBlock<'_> {
                     let pos = pos0 + i / heads;
                     // Keys past this row's position (or past the tile) do not count.
                     let visible = n.min(pos + 1 - k0);
+                    // Nor keys before its sliding window, `pos - w < k`.
+                    let hidden = shape
+                        .window
+                        .map_or(0, |w| (pos + 1).saturating_sub(w).saturating_sub(k0))
+                        .min(visible);
                     let s: &mut [f32; KEY_TILE] = (&mut scores[i * KEY_TILE..(i + 1) * KEY_TILE])
                         .try_into()
                         .expect("score row");
+                    if hidden == visible {
+                        // Nothing of this tile is visible: leave the row's state as it is
+                        // (zero weights, no rescaling).
+                        s.fill(0.0);
+                        correction[i] = 1.0;
+                        continue;
+                    }
                     s[visible..].fill(f32::NEG_INFINITY);
+                    s[..hidden].fill(f32::NEG_INFINITY);
                     let new_max = max[i].max(max64(s));
                     correction[i] = exp_scalar(max[i] - new_max);
                     max[i] = new_max;
@@ -383,7 +401,10 @@ impl QueryBlock<'_> {
                 );
             }
             for i in seg_first..m {
-                total.merge_query(i, max[i], sum[i], &out[i * d..(i + 1) * d], d);
+                // A row whose window starts past this segment saw none of it.
+                if max[i] != f32::NEG_INFINITY {
+                    total.merge_query(i, max[i], sum[i], &out[i * d..(i + 1) * d], d);
+                }
             }
         }
         total
@@ -941,59 +962,63 @@ mod tests {
             (9, 3, 64, 32),
             (6, 2, 32, 8),
         ] {
-            let shape = AttnShape {
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: d,
-                block_size: bs,
-                scale: 1.0 / (d as f32).sqrt(),
-            };
-            let blocks = 160;
-            let kv_w = kv_heads * d;
-            let kc: Vec<f32> = rand(blocks * bs * kv_w, &mut seed)
-                .iter()
-                .map(|v| v * 6.0)
-                .collect();
-            let vc = rand(blocks * bs * kv_w, &mut seed);
-            // Scattered block tables.
-            let t1: Vec<u32> = (0..blocks as u32).rev().step_by(2).collect();
-            let t2: Vec<u32> = (0..blocks as u32).step_by(2).collect();
-            let cases = [
-                (0usize, 77usize, 0usize), // a fresh prompt over one tile
-                (5 * bs, 23, 1),           // a chunk after cached blocks
-                (3, 9, 0),                 // a chunk cutting inside a block
-                (1100, 2, 1),              // rows past two segments (split across threads)
-            ];
-            for &(start, len, table) in &cases {
-                let table: &[u32] = if table == 0 { &t1 } else { &t2 };
-                if start + len > table.len() * bs {
-                    continue; // small blocks: the table cannot hold this context
-                }
-                let decode = AttnSeq {
-                    q_offset: len,
-                    q_len: 1,
-                    start_pos: 12,
-                    block_table: &t2,
+            // Sliding windows that cut inside a block, a tile and a segment (and one key).
+            for window in [None, Some(1), Some(37), Some(600)] {
+                let shape = AttnShape {
+                    num_heads: heads,
+                    num_kv_heads: kv_heads,
+                    head_dim: d,
+                    block_size: bs,
+                    scale: 1.0 / (d as f32).sqrt(),
+                    window,
                 };
-                let seq = AttnSeq {
-                    q_offset: 0,
-                    q_len: len,
-                    start_pos: start,
-                    block_table: table,
-                };
-                let q = rand((len + 1) * heads * d, &mut seed);
-                let want = reference(&q, &kc, &vc, &[seq, decode], &shape);
-                let got =
-                    paged_attention(&q, &transposed(&kc, &shape), &vc, &[seq, decode], &shape);
-                let worst = want
+                let blocks = 160;
+                let kv_w = kv_heads * d;
+                let kc: Vec<f32> = rand(blocks * bs * kv_w, &mut seed)
                     .iter()
-                    .zip(&got)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
-                assert!(
+                    .map(|v| v * 6.0)
+                    .collect();
+                let vc = rand(blocks * bs * kv_w, &mut seed);
+                // Scattered block tables.
+                let t1: Vec<u32> = (0..blocks as u32).rev().step_by(2).collect();
+                let t2: Vec<u32> = (0..blocks as u32).step_by(2).collect();
+                let cases = [
+                    (0usize, 77usize, 0usize), // a fresh prompt over one tile
+                    (5 * bs, 23, 1),           // a chunk after cached blocks
+                    (3, 9, 0),                 // a chunk cutting inside a block
+                    (1100, 2, 1),              // rows past two segments (split across threads)
+                ];
+                for &(start, len, table) in &cases {
+                    let table: &[u32] = if table == 0 { &t1 } else { &t2 };
+                    if start + len > table.len() * bs {
+                        continue; // small blocks: the table cannot hold this context
+                    }
+                    let decode = AttnSeq {
+                        q_offset: len,
+                        q_len: 1,
+                        start_pos: 12,
+                        block_table: &t2,
+                    };
+                    let seq = AttnSeq {
+                        q_offset: 0,
+                        q_len: len,
+                        start_pos: start,
+                        block_table: table,
+                    };
+                    let q = rand((len + 1) * heads * d, &mut seed);
+                    let want = reference(&q, &kc, &vc, &[seq, decode], &shape);
+                    let got =
+                        paged_attention(&q, &transposed(&kc, &shape), &vc, &[seq, decode], &shape);
+                    let worst = want
+                        .iter()
+                        .zip(&got)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(
                     worst < 2e-5,
-                    "heads {heads}/{kv_heads} d {d} start {start} len {len}: {worst}"
+                    "heads {heads}/{kv_heads} d {d} window {window:?} start {start} len {len}: {worst}"
                 );
+                }
             }
         }
     }
@@ -1011,6 +1036,7 @@ mod tests {
             head_dim: 64,
             block_size: 16,
             scale: 0.125,
+            window: None,
         };
         let kv_w = 3 * 64;
         let qdim = 9 * 64;
@@ -1140,6 +1166,7 @@ mod tests {
                     head_dim: d,
                     block_size: bs,
                     scale: 1.0 / (d as f32).sqrt(),
+                    window: None,
                 };
                 let kv_w = kv_heads * d;
                 let slots = 64 * bs;

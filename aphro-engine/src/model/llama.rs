@@ -8,8 +8,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
-use super::config::LlamaConfig;
-use super::moe::Mlp;
+use super::config::{LlamaConfig, MlpActivation};
+use super::moe::{GatedMlp, Mlp};
 use super::ops::{AttnSeq, AttnShape, EngineOps};
 use super::quant::{QuantMatrix, QuantType};
 use super::weights::{HostTensor, WeightSource};
@@ -98,8 +98,17 @@ pub struct Layer<B: Backend> {
     v_bias: Option<Tensor<B, 1>>,
     q_norm: Option<Tensor<B, 1>>,
     k_norm: Option<Tensor<B, 1>>,
+    /// Gemma: the norm of the attention output, before the residual add.
+    post_attn_norm: Option<Tensor<B, 1>>,
     ffn_norm: Tensor<B, 1>,
+    /// Gemma: the norm of the MLP output, before the residual add.
+    post_ffn_norm: Option<Tensor<B, 1>>,
+    /// The feed-forward block: a gated MLP, or mixture-of-experts ([`super::moe`]).
     mlp: Mlp<B>,
+    /// Sliding-window width of this layer's attention.
+    window: Option<usize>,
+    /// Whether RoPE uses the local (sliding-layer) base.
+    local_rope: bool,
 }
 
 /// Per-step inputs the model needs besides the tokens.
@@ -123,6 +132,8 @@ pub struct Llama<B: Backend> {
     norm: Tensor<B, 1>,
     lm_head: Linear<B>,
     inv_freq: Vec<f32>,
+    /// Inverse frequencies of the sliding layers' RoPE base (Gemma 3).
+    local_inv_freq: Option<Vec<f32>>,
     device: B::Device,
 }
 
@@ -170,9 +181,64 @@ impl<B: EngineOps> Loader<'_, B> {
     }
 
     pub(super) fn vector(&self, name: &str, len: usize) -> Result<Tensor<B, 1>, ModelError> {
-        let (shape, data) = self.host(name, false)?.into_f32();
+        self.vector_plus(name, len, 0.0)
+    }
+
+    /// An RMSNorm weight with `offset` added to each element (Gemma's `1 + w`).
+    fn vector_plus(&self, name: &str, len: usize, offset: f32) -> Result<Tensor<B, 1>, ModelError> {
+        let (shape, mut data) = self.host(name, false)?.into_f32();
         Self::check(name, &shape, &[len])?;
+        if offset != 0.0 {
+            data.iter_mut().for_each(|w| *w += offset);
+        }
         Ok(Tensor::from_data(TensorData::new(data, [len]), self.device))
+    }
+
+    /// A fused projection whose row blocks of `parts` rows each are separate matrices
+    /// (Phi-3's `qkv_proj`, `gate_up_proj`). Quantized blocks are dequantized first.
+    fn split_linear<const N: usize>(
+        &self,
+        name: &str,
+        parts: [usize; N],
+        cols: usize,
+    ) -> Result<[Linear<B>; N], ModelError> {
+        let rows: usize = parts.iter().sum();
+        let (shape, data) = self.host(name, false)?.into_f32();
+        Self::check(name, &shape, &[rows, cols])?;
+        let mut out = Vec::with_capacity(N);
+        let mut r0 = 0;
+        for n in parts {
+            let part = data[r0 * cols..(r0 + n) * cols].to_vec();
+            out.push(self.linear_f32(name, part, n, cols)?);
+            r0 += n;
+        }
+        out.try_into()
+            .map_err(|_| ModelError::Weights(format!("{name}: split")))
+    }
+
+    /// An f32 `[rows, cols]` matrix in this loader's storage.
+    fn linear_f32(
+        &self,
+        name: &str,
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Linear<B>, ModelError> {
+        if let Some(ty) = self.half {
+            let q = QuantMatrix::from_f32_half(ty, rows, cols, &data)
+                .map_err(|e| ModelError::Weights(format!("{name}: {e}")))?;
+            return Ok(Linear::Quant(Arc::new(q)));
+        }
+        let w = Tensor::<B, 2>::from_data(TensorData::new(data, [rows, cols]), self.device);
+        let w = match self.dense16 {
+            Some(dt) => w.cast(dt),
+            None => w,
+        };
+        Ok(Linear::Dense {
+            w: unwrap(w),
+            rows,
+            cols,
+        })
     }
 
     fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Tensor<B, 1>>, ModelError> {
@@ -189,44 +255,13 @@ impl<B: EngineOps> Loader<'_, B> {
         cols: usize,
     ) -> Result<Linear<B>, ModelError> {
         let t = self.host(name, self.keep_quant)?;
-        self.linear_from(name, t, rows, cols)
-    }
-
-    /// [`Self::linear`] from a tensor already in host memory (`name` labels errors).
-    pub(super) fn linear_from(
-        &self,
-        name: &str,
-        t: HostTensor,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Linear<B>, ModelError> {
         Self::check(name, &t.shape(), &[rows, cols])?;
-        if let Some(ty) = self.half {
-            let (_, data) = t.into_f32();
-            let q = QuantMatrix::from_f32_half(ty, rows, cols, &data)
-                .map_err(|e| ModelError::Weights(format!("{name}: {e}")))?;
-            return Ok(Linear::Quant(Arc::new(q)));
+        match t {
+            HostTensor::Quant(q) if self.half.is_none() && self.dense16.is_none() => {
+                Ok(Linear::Quant(Arc::new(q)))
+            }
+            t => self.linear_f32(name, t.into_f32().1, rows, cols),
         }
-        if let Some(dt) = self.dense16 {
-            let (_, data) = t.into_f32();
-            let w = Tensor::<B, 2>::from_data(TensorData::new(data, [rows, cols]), self.device);
-            return Ok(Linear::Dense {
-                w: unwrap(w.cast(dt)),
-                rows,
-                cols,
-            });
-        }
-        Ok(match t {
-            HostTensor::Quant(q) => Linear::Quant(Arc::new(q)),
-            HostTensor::F32 { data, .. } => Linear::Dense {
-                w: unwrap(Tensor::<B, 2>::from_data(
-                    TensorData::new(data, [rows, cols]),
-                    self.device,
-                )),
-                rows,
-                cols,
-            },
-        })
     }
 }
 
@@ -267,7 +302,10 @@ impl<B: EngineOps> Llama<B> {
         device: &B::Device,
         bar: &indicatif::ProgressBar,
     ) -> Result<Self, ModelError> {
-        let per_layer = 6 + 3 * cfg.qkv_bias as usize + 2 * cfg.qk_norm as usize;
+        let per_layer = 6
+            + 3 * cfg.qkv_bias as usize
+            + 2 * cfg.qk_norm as usize
+            + 2 * cfg.features.sandwich_norms as usize;
         let mlps: usize = (0..cfg.num_layers)
             .map(|l| Mlp::<B>::tensor_count(cfg.moe.as_ref(), l))
             .sum();
@@ -295,6 +333,8 @@ impl<B: EngineOps> Llama<B> {
         };
         let (dm, ff, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let (qd, kvd) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        let f = &cfg.features;
+        let norm_offset = f.norm_weight_offset;
         let embed = ld.linear("model.embed_tokens.weight", cfg.vocab_size, dm)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
@@ -306,31 +346,68 @@ impl<B: EngineOps> Llama<B> {
                     ld.opt_vector(&p(s), n)
                 }
             };
+            let norm = |s: &str, n| ld.vector_plus(&p(s), n, norm_offset);
             // Per head (Qwen3) or over the whole projection (OLMoE).
-            let norm = |s: &str, whole: usize| -> Result<Option<Tensor<B, 1>>, ModelError> {
+            let qk_norm = |s: &str, whole: usize| -> Result<Option<Tensor<B, 1>>, ModelError> {
                 if cfg.qk_norm {
-                    let len = if cfg.qk_norm_whole { whole } else { d };
-                    ld.vector(&p(s), len).map(Some)
+                    norm(s, if cfg.qk_norm_whole { whole } else { d }).map(Some)
                 } else {
                     Ok(None)
                 }
             };
+            let [q, k, v] = if f.fused_qkv {
+                ld.split_linear(&p("self_attn.qkv_proj.weight"), [qd, kvd, kvd], dm)?
+            } else {
+                [
+                    ld.linear(&p("self_attn.q_proj.weight"), qd, dm)?,
+                    ld.linear(&p("self_attn.k_proj.weight"), kvd, dm)?,
+                    ld.linear(&p("self_attn.v_proj.weight"), kvd, dm)?,
+                ]
+            };
+            let mlp = if cfg.moe.as_ref().is_some_and(|m| m.is_sparse(i)) {
+                Mlp::load(&ld, cfg.moe.as_ref(), i, dm, ff)?
+            } else {
+                let [gate, up] = if f.fused_gate_up {
+                    ld.split_linear(&p("mlp.gate_up_proj.weight"), [ff, ff], dm)?
+                } else {
+                    [
+                        ld.linear(&p("mlp.gate_proj.weight"), ff, dm)?,
+                        ld.linear(&p("mlp.up_proj.weight"), ff, dm)?,
+                    ]
+                };
+                let down = ld.linear(&p("mlp.down_proj.weight"), dm, ff)?;
+                Mlp::Dense(GatedMlp { gate, up, down })
+            };
+            // Gemma's `post_attention_layernorm` follows attention; Llama's precedes the MLP.
+            let (post_attn_norm, ffn_norm, post_ffn_norm) = if f.sandwich_norms {
+                (
+                    Some(norm("post_attention_layernorm.weight", dm)?),
+                    norm("pre_feedforward_layernorm.weight", dm)?,
+                    Some(norm("post_feedforward_layernorm.weight", dm)?),
+                )
+            } else {
+                (None, norm("post_attention_layernorm.weight", dm)?, None)
+            };
             layers.push(Layer {
-                attn_norm: ld.vector(&p("input_layernorm.weight"), dm)?,
-                q: ld.linear(&p("self_attn.q_proj.weight"), qd, dm)?,
-                k: ld.linear(&p("self_attn.k_proj.weight"), kvd, dm)?,
-                v: ld.linear(&p("self_attn.v_proj.weight"), kvd, dm)?,
+                attn_norm: norm("input_layernorm.weight", dm)?,
+                q,
+                k,
+                v,
                 o: ld.linear(&p("self_attn.o_proj.weight"), dm, qd)?,
                 q_bias: bias("self_attn.q_proj.bias", qd)?,
                 k_bias: bias("self_attn.k_proj.bias", kvd)?,
                 v_bias: bias("self_attn.v_proj.bias", kvd)?,
-                q_norm: norm("self_attn.q_norm.weight", qd)?,
-                k_norm: norm("self_attn.k_norm.weight", kvd)?,
-                ffn_norm: ld.vector(&p("post_attention_layernorm.weight"), dm)?,
-                mlp: Mlp::load(&ld, cfg.moe.as_ref(), i, dm, ff)?,
+                q_norm: qk_norm("self_attn.q_norm.weight", qd)?,
+                k_norm: qk_norm("self_attn.k_norm.weight", kvd)?,
+                post_attn_norm,
+                ffn_norm,
+                post_ffn_norm,
+                mlp,
+                window: cfg.layer_window(i),
+                local_rope: cfg.layer_uses_local_rope(i),
             });
         }
-        let norm = ld.vector("model.norm.weight", dm)?;
+        let norm = ld.vector_plus("model.norm.weight", dm, norm_offset)?;
         let lm_head = if cfg.tie_word_embeddings || src.get("lm_head.weight", false)?.is_none() {
             embed.clone()
         } else {
@@ -340,6 +417,7 @@ impl<B: EngineOps> Llama<B> {
         bar.finish();
         Ok(Self {
             inv_freq: cfg.inv_freq(),
+            local_inv_freq: cfg.features.rope_local_theta.map(|t| cfg.inv_freq_for(t)),
             cfg,
             embed,
             layers,
@@ -372,23 +450,30 @@ impl<B: EngineOps> Llama<B> {
         let d = cfg.head_dim;
         let (h, kvh) = (cfg.num_heads, cfg.num_kv_heads);
         // cos/sin per token: [t, d] with HF's cat(freqs, freqs) layout.
-        let mut cos = Vec::with_capacity(t * d);
-        let mut sin = Vec::with_capacity(t * d);
-        for &p in plan.positions {
-            for _ in 0..2 {
-                for &f in &self.inv_freq {
-                    let a = p as f32 * f;
-                    cos.push(a.cos());
-                    sin.push(a.sin());
+        let tables = |inv_freq: &[f32]| {
+            let mut cos = Vec::with_capacity(t * d);
+            let mut sin = Vec::with_capacity(t * d);
+            for &p in plan.positions {
+                for _ in 0..2 {
+                    for &f in inv_freq {
+                        let a = p as f32 * f;
+                        cos.push(a.cos());
+                        sin.push(a.sin());
+                    }
                 }
             }
-        }
+            (cos, sin)
+        };
+        let global_rope = tables(&self.inv_freq);
+        let local_rope = self.local_inv_freq.as_deref().map(tables);
+        let f = &cfg.features;
         let shape = AttnShape {
             num_heads: h,
             num_kv_heads: kvh,
             head_dim: d,
             block_size,
-            scale: 1.0 / (d as f32).sqrt(),
+            scale: f.attn_scale.unwrap_or(1.0 / (d as f32).sqrt()),
+            window: None,
         };
         let snap = |x: &Tensor<B, 2>, name: String, trace: &mut Option<&mut HiddenTrace>| {
             if let Some(tr) = trace.as_deref_mut() {
@@ -399,6 +484,9 @@ impl<B: EngineOps> Llama<B> {
         };
 
         let mut x = self.embed.rows_of(plan.token_ids, &self.device);
+        if let Some(s) = f.embed_scale {
+            x = x.mul_scalar(s);
+        }
         snap(&x, "embed".into(), &mut trace);
         for (l, layer) in self.layers.iter().enumerate() {
             let hn = self.rms_norm(x.clone(), &layer.attn_norm);
@@ -423,8 +511,16 @@ impl<B: EngineOps> Llama<B> {
                         .reshape([t, kvh * d]);
                 }
             }
-            let q: Tensor<B, 2> = wrap(B::rope(unwrap(q), h, &cos, &sin));
-            let k: Tensor<B, 2> = wrap(B::rope(unwrap(k), kvh, &cos, &sin));
+            let (cos, sin) = match (&local_rope, layer.local_rope) {
+                (Some(local), true) => local,
+                _ => &global_rope,
+            };
+            let q: Tensor<B, 2> = wrap(B::rope(unwrap(q), h, cos, sin));
+            let k: Tensor<B, 2> = wrap(B::rope(unwrap(k), kvh, cos, sin));
+            let shape = AttnShape {
+                window: layer.window,
+                ..shape
+            };
             let kc = k_cache[l]
                 .take()
                 .ok_or_else(|| ModelError::Weights("KV cache missing".into()))?;
@@ -437,9 +533,10 @@ impl<B: EngineOps> Llama<B> {
                 wrap(B::paged_attention(unwrap(q), &kc, &vc, plan.seqs, &shape));
             k_cache[l] = Some(kc);
             v_cache[l] = Some(vc);
-            x = x + layer.o.forward(attn);
+            x = self.residual_add(x, layer.o.forward(attn), layer.post_attn_norm.as_ref());
             let hn = self.rms_norm(x.clone(), &layer.ffn_norm);
-            x = x + layer.mlp.forward(hn);
+            let ffn = self.feed_forward(layer, hn);
+            x = self.residual_add(x, ffn, layer.post_ffn_norm.as_ref());
             snap(&x, format!("layer.{l}"), &mut trace);
         }
         let x = self.rms_norm(x, &self.norm);
@@ -452,9 +549,51 @@ impl<B: EngineOps> Llama<B> {
         let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [n]), &self.device);
         let logits = self.lm_head.forward(x.select(0, idx));
         assert_eq!(logits.dims()[1], self.lm_head.rows());
-        logits
+        let mut logits = logits
             .into_data()
             .to_vec::<f32>()
-            .map_err(|e| ModelError::Weights(format!("reading logits: {e:?}")))
+            .map_err(|e| ModelError::Weights(format!("reading logits: {e:?}")))?;
+        if f.logits_divisor != 1.0 {
+            logits.iter_mut().for_each(|v| *v /= f.logits_divisor);
+        }
+        if let Some(cap) = f.final_logit_softcap {
+            logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+        }
+        Ok(logits)
+    }
+
+    /// The layer's MLP on the normed residual stream `x` (the one place the feed-forward
+    /// runs).
+    fn feed_forward(&self, layer: &Layer<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let m = match &layer.mlp {
+            Mlp::Dense(m) => m,
+            Mlp::Moe(moe) => return moe.forward(x),
+        };
+        let [g, u] = Linear::forward_many([&m.gate, &m.up], x);
+        let act = match self.cfg.features.mlp {
+            MlpActivation::Silu => B::swiglu(unwrap(g), unwrap(u)),
+            MlpActivation::GeluTanh => B::geglu_tanh(unwrap(g), unwrap(u)),
+        };
+        m.down.forward(wrap(act))
+    }
+
+    /// `x + m * norm(branch)`: the block's residual add, with Gemma's post-norm and
+    /// Granite's residual multiplier `m` where the architecture has them.
+    fn residual_add(
+        &self,
+        x: Tensor<B, 2>,
+        branch: Tensor<B, 2>,
+        post_norm: Option<&Tensor<B, 1>>,
+    ) -> Tensor<B, 2> {
+        let branch = match post_norm {
+            Some(w) => self.rms_norm(branch, w),
+            None => branch,
+        };
+        let m = self.cfg.features.residual_multiplier;
+        if m == 1.0 {
+            x + branch
+        } else {
+            x + branch.mul_scalar(m)
+        }
     }
 }

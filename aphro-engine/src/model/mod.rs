@@ -1,6 +1,7 @@
 //! The model half of the engine: Llama-family weights (GGUF or safetensors), a burn forward
 //! pass generic over the backend, and a [`crate::runner::ModelRunner`] with paged K/V.
 
+pub mod arch;
 pub mod config;
 pub mod cpu;
 pub mod flash;
@@ -30,7 +31,7 @@ pub enum ModelError {
     Io(PathBuf, std::io::Error),
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported model architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, olmoe)")]
+    #[error("unsupported model architecture {0:?} (supported: {list})", list = arch::supported())]
     UnsupportedArchitecture(String),
     #[error("tensor {name} has type {ty}, which this engine cannot load")]
     UnsupportedTensorType { name: String, ty: String },

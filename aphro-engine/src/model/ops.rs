@@ -32,9 +32,17 @@ pub struct AttnShape {
     pub head_dim: usize,
     pub block_size: usize,
     pub scale: f32,
+    /// Sliding-window attention: a query at position `p` sees the keys at `p - w < k <= p`
+    /// (HF's convention: itself and the `w - 1` before it). `None`: every earlier key.
+    pub window: Option<usize>,
 }
 
 impl AttnShape {
+    /// Whether a query at `pos` sees the key at `key` (causal, and inside the window).
+    pub fn sees(&self, pos: usize, key: usize) -> bool {
+        key <= pos && self.window.is_none_or(|w| key + w > pos)
+    }
+
     fn slot(&self, seq: &AttnSeq<'_>, pos: usize) -> usize {
         seq.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
     }
@@ -134,6 +142,11 @@ pub trait EngineOps: Backend {
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         reference::swiglu::<Self>(gate, up)
     }
+
+    /// `gelu_tanh(gate) * up` (GeGLU with PyTorch's tanh-approximate GELU: Gemma).
+    fn geglu_tanh(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        reference::geglu_tanh::<Self>(gate, up)
+    }
 }
 
 /// The trait's defaults in plain burn tensor ops (public so overrides can be tested against them).
@@ -197,7 +210,7 @@ pub mod reference {
                 .swap_dims(0, 1);
             let scores = qs.matmul(k.swap_dims(1, 2)).mul_scalar(shape.scale);
             let mask: Vec<bool> = (0..s.q_len)
-                .flat_map(|i| (0..ctx).map(move |j| j > s.start_pos + i))
+                .flat_map(|i| (0..ctx).map(move |j| !shape.sees(s.start_pos + i, j)))
                 .collect();
             let mask =
                 Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [s.q_len, ctx]), &device)
@@ -256,6 +269,19 @@ pub mod reference {
         let u: Tensor<B, 2> = wrap(up);
         unwrap(burn::tensor::activation::silu(g) * u)
     }
+
+    pub fn geglu_tanh<B: Backend>(gate: FloatTensor<B>, up: FloatTensor<B>) -> FloatTensor<B> {
+        let g: Tensor<B, 2> = wrap(gate);
+        let u: Tensor<B, 2> = wrap(up);
+        let inner = (g.clone() + g.clone().powi_scalar(3).mul_scalar(GELU_KAPPA))
+            .mul_scalar(GELU_BETA)
+            .tanh();
+        unwrap(g.mul_scalar(0.5) * inner.add_scalar(1.0) * u)
+    }
+
+    /// PyTorch's `gelu(approximate="tanh")` constants: `sqrt(2 / pi)` and 0.044715.
+    pub const GELU_BETA: f32 = 0.797_884_6;
+    pub const GELU_KAPPA: f32 = 0.044715;
 }
 
 /// A contiguous f32 view of a Flex tensor (copies only if it is a strided view).
@@ -426,6 +452,13 @@ impl EngineOps for Flex {
         super::cpu::swiglu(&mut g, &f32_data(&up));
         flex_from(g, shape)
     }
+
+    fn geglu_tanh(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
+        let shape = dims2(&gate);
+        let mut g = f32_data(&gate).into_owned();
+        super::cpu::geglu_tanh(&mut g, &f32_data(&up));
+        flex_from(g, shape)
+    }
 }
 
 #[cfg(test)]
@@ -474,6 +507,7 @@ mod tests {
             head_dim: 8,
             block_size: 4,
             scale: 0.35,
+            window: None,
         };
         let num_blocks = 10;
         let kv_w = 2 * 8;
@@ -553,8 +587,17 @@ mod tests {
                 flex_from(g.clone(), [t, w]),
                 flex_from(u.clone(), [t, w]),
             );
-            let b = reference::swiglu::<Flex>(flex_from(g, [t, w]), flex_from(u, [t, w]));
+            let b = reference::swiglu::<Flex>(
+                flex_from(g.clone(), [t, w]),
+                flex_from(u.clone(), [t, w]),
+            );
             close(&vec_of(a), &vec_of(b), 1e-6);
+            let a = <Flex as EngineOps>::geglu_tanh(
+                flex_from(g.clone(), [t, w]),
+                flex_from(u.clone(), [t, w]),
+            );
+            let b = reference::geglu_tanh::<Flex>(flex_from(g, [t, w]), flex_from(u, [t, w]));
+            close(&vec_of(a), &vec_of(b), 1e-5);
         }
     }
 

@@ -51,8 +51,13 @@ pub trait WeightSource {
     }
 }
 
-/// HF parameter name → GGUF tensor name.
+/// HF parameter name → GGUF tensor name (llama.cpp's Llama names).
 pub fn gguf_name(hf: &str) -> Option<String> {
+    gguf_name_with(hf, super::arch::same_names)
+}
+
+/// [`gguf_name`], with an architecture's renamed per-layer parts (`renamed(part)`) first.
+pub fn gguf_name_with(hf: &str, renamed: fn(&str) -> Option<&'static str>) -> Option<String> {
     match hf {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
         "model.norm.weight" => return Some("output_norm.weight".into()),
@@ -62,6 +67,9 @@ pub fn gguf_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let (part, suffix) = rest.rsplit_once('.')?;
+    if let Some(g) = renamed(part) {
+        return Some(format!("blk.{layer}.{g}.{suffix}"));
+    }
     let g = match part {
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
@@ -237,7 +245,9 @@ impl WeightSource for GgufWeights {
             };
             return self.load_part(info, keep_quant, None, Some(e)).map(Some);
         }
-        let Some(g) = gguf_name(name) else {
+        let renamed = super::arch::by_name(&self.cfg.architecture)
+            .map_or(super::arch::same_names as fn(&str) -> _, |a| a.gguf_tensor);
+        let Some(g) = gguf_name_with(name, renamed) else {
             return Ok(None);
         };
         let Some(info) = self.file.tensor_info(&g) else {
