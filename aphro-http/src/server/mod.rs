@@ -627,6 +627,8 @@ mod tests {
             &engine[..],
             &openai[..],
             &count[..],
+            // Generate servers score with the model's own next-token probabilities.
+            &[("POST", "/generative_scoring")][..],
         ]
         .concat();
         // (role, --launch-kobold-api, the (method, path) pairs it documents)
