@@ -864,6 +864,33 @@ fn integrated_state_shares_one_loaded_model() {
     assert!(std::sync::Arc::ptr_eq(engine_tok, &engine_model.tokenizer));
 }
 
+/// One request through an axum app in this process (no socket): (status, body text).
+fn in_process_call(
+    rt: &tokio::runtime::Runtime,
+    app: axum::Router,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, String) {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+    rt.block_on(async move {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+            .expect("request");
+        let resp = app.oneshot(req).await.expect("response");
+        let status = resp.status().as_u16();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    })
+}
+
 /// `Server::builder()` without a command line: the integrated role under a base path,
 /// without the document routes, merged into another axum app, answers a chat as the binary
 /// does; the render role builds the same way.
@@ -871,26 +898,10 @@ fn integrated_state_shares_one_loaded_model() {
 fn server_builder_mounts_under_a_base_path() {
     use aphro_engine::serving::{MaxModelLen, ServingConfig};
     use aphro_http::server::{Role, Server};
-    use axum::body::Body;
-    use axum::http::Request;
-    use tower::ServiceExt;
 
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let call = |app: axum::Router, method: &str, path: &str, body: Option<Value>| {
-        rt.block_on(async move {
-            let req = Request::builder()
-                .method(method)
-                .uri(path)
-                .header("content-type", "application/json")
-                .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-                .expect("request");
-            let resp = app.oneshot(req).await.expect("response");
-            let status = resp.status().as_u16();
-            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-                .await
-                .expect("body");
-            (status, String::from_utf8_lossy(&bytes).into_owned())
-        })
+        in_process_call(&rt, app, method, path, body)
     };
 
     let server = Server::builder()
@@ -979,26 +990,10 @@ fn server_builder_mounts_under_a_base_path() {
 fn failed_engines_give_503_with_the_reason_on_every_route() {
     use aphro_engine::serving::{MaxModelLen, ServingConfig};
     use aphro_http::server::Server;
-    use axum::body::Body;
-    use axum::http::Request;
-    use tower::ServiceExt;
 
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let call = |app: axum::Router, method: &str, path: &str, body: Option<Value>| {
-        rt.block_on(async move {
-            let req = Request::builder()
-                .method(method)
-                .uri(path)
-                .header("content-type", "application/json")
-                .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-                .expect("request");
-            let resp = app.oneshot(req).await.expect("response");
-            let status = resp.status().as_u16();
-            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-                .await
-                .expect("body");
-            (status, String::from_utf8_lossy(&bytes).into_owned())
-        })
+        in_process_call(&rt, app, method, path, body)
     };
     let server = Server::builder()
         .model(gguf())
