@@ -395,7 +395,13 @@ impl ServerBuilder {
                     .with_context(|| format!("loading pooling model `{spec}`"))?
                     .with_served_name(served[0].clone());
                 settings.max_model_len = embedder.max_model_len();
-                AppState::new(settings).with_embedder(Arc::new(embedder))
+                // Chat `messages` of the pooling routes render through the chat template
+                // with the server's template flags, as the text routes do.
+                let model = Arc::new(front.load_model(&spec)?);
+                let renderer = front.renderer(model, &served, Some(embedder.max_model_len()))?;
+                AppState::new(settings)
+                    .with_embedder(Arc::new(embedder))
+                    .with_renderer(Arc::new(renderer))
             }
             Role::Full | Role::TokensOnly => {
                 let tokens_only = self.role == Role::TokensOnly;
