@@ -2,10 +2,28 @@
 //! (sequential 30 s windows, timestamp rules, conditioning on the previous text).
 //!
 //! [`Transcriber`] is the library API the server, the CLI and the Python bindings share.
+//!
+//! * [`ct2`]: a bounds-checked reader of CTranslate2's `model.bin`.
+//! * [`mel`]: openai-whisper's log-mel front end.
+//! * `model`: the encoder and decoder on the CPU (gemm on host slices, own rayon pool).
+//! * `decode`: one window's decoding with CTranslate2's Whisper rules (suppression,
+//!   timestamp rules, no-speech probability, greedy or seeded sampling).
+//! * `transcribe`: faster-whisper's sequential windows, segments and seeking.
+//! * `tokens`: special ids, languages, text encoding and decoding.
 
 use std::path::Path;
 
 use crate::model::ModelError;
+
+pub mod ct2;
+mod decode;
+pub mod mel;
+mod model;
+mod tokens;
+mod transcribe;
+
+pub use model::WhisperDims;
+pub use tokens::{VLLM_SUPPORTED_LANGUAGES, WHISPER_LANGUAGES};
 
 /// Settings fixed when a model is loaded.
 #[derive(Debug, Clone, Default)]
@@ -110,8 +128,11 @@ pub enum SpeechError {
     /// A config file that cannot be read or lacks a field.
     #[error("bad whisper model config: {0}")]
     Config(String),
+    /// A `model.bin` that cannot be read (truncated, corrupt) or lacks a Whisper tensor.
+    #[error("bad whisper weights: {0}")]
+    Weights(String),
     /// vLLM's message for a language code Whisper does not know.
-    #[error("Unsupported language: {language:?}.  Must be one of {supported}.")]
+    #[error("Unsupported language: '{language}'.  Must be one of {supported}.")]
     UnsupportedLanguage { language: String, supported: String },
     /// A request that cannot be served (400).
     #[error("{0}")]
@@ -130,18 +151,31 @@ impl SpeechError {
     }
 }
 
+/// One decode of [`Transcriber::generate`]: an explicit decoder prompt, as CTranslate2's
+/// `Whisper.generate` takes it.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// Must contain `<|startoftranscript|>`; timestamp rules apply unless it ends with
+    /// `<|notimestamps|>`.
+    pub prompt: Vec<u32>,
+    /// Forbid `<|endoftext|>` and a blank at the first step (config.json's
+    /// `suppress_ids_begin`).
+    pub suppress_blank: bool,
+    /// Forbid config.json's `suppress_ids` (non-speech symbols) and the control tokens.
+    pub suppress_tokens: bool,
+    pub max_new_tokens: Option<usize>,
+}
+
 /// A loaded Whisper model. `Send + Sync`: share it behind an `Arc`.
 pub struct Transcriber {
-    info: WhisperInfo,
+    loaded: transcribe::Loaded,
 }
 
 impl Transcriber {
     pub fn load(model_dir: &Path, config: TranscriberConfig) -> Result<Self, SpeechError> {
-        let _ = config;
-        Err(SpeechError::Config(format!(
-            "{}: Whisper loading is not implemented yet",
-            model_dir.display()
-        )))
+        Ok(Self {
+            loaded: transcribe::load(model_dir, &config)?,
+        })
     }
 
     /// A CTranslate2 Whisper folder (`model.bin` + a `config.json` with `suppress_ids` or
@@ -159,10 +193,15 @@ impl Transcriber {
     }
 
     pub fn info(&self) -> &WhisperInfo {
-        &self.info
+        &self.loaded.info
     }
 
-    /// `samples`: 16 kHz mono in [-1, 1].
+    /// The model's shape.
+    pub fn dims(&self) -> WhisperDims {
+        self.loaded.model.dims
+    }
+
+    /// `samples`: 16 kHz mono in [-1, 1]. faster-whisper's sequential 30 s windows.
     pub fn transcribe(
         &self,
         samples: &[f32],
@@ -178,7 +217,17 @@ impl Transcriber {
         opts: &TranscribeOptions,
         on_segment: &mut dyn FnMut(&Segment),
     ) -> Result<Transcription, SpeechError> {
-        let _ = (samples, opts, on_segment);
-        Err(SpeechError::Config("not implemented yet".into()))
+        self.run(samples, opts, on_segment)
+    }
+
+    /// Greedy decodes of one window of at most 30 s, zero-padded to 30 s before the log-mel
+    /// (as HF's / vLLM's feature extractor does), one per request, sharing one encoder pass.
+    /// Returns the generated ids of each (the final `<|endoftext|>` excluded).
+    pub fn generate(
+        &self,
+        samples: &[f32],
+        requests: &[GenerateRequest],
+    ) -> Result<Vec<Vec<u32>>, SpeechError> {
+        self.generate_window(samples, requests)
     }
 }
