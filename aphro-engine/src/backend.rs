@@ -311,22 +311,22 @@ mod tests {
 
     #[test]
     fn device_lists_place_one_engine_per_device() {
-        let two: Devices = "cuda:0,cuda:1".parse().unwrap();
+        let two: Devices = "cuda:0,cuda:1".parse().expect("a device list");
         assert_eq!(two.to_string(), "cuda:0,cuda:1");
         assert_eq!(
-            two.per_engine(1).unwrap(),
+            two.per_engine(1).expect("placed"),
             vec![Device::Cuda(0), Device::Cuda(1)]
         );
-        assert_eq!(two.per_engine(2).unwrap().len(), 2);
-        let err = two.per_engine(3).unwrap_err().to_string();
+        assert_eq!(two.per_engine(2).expect("placed").len(), 2);
+        let err = two.per_engine(3).expect_err("refused").to_string();
         assert!(
             err.contains("names 2 devices") && err.contains("is 3"),
             "{err}"
         );
-        let one: Devices = "cpu".parse().unwrap();
-        assert_eq!(one.per_engine(3).unwrap(), vec![Device::Cpu; 3]);
+        let one: Devices = "cpu".parse().expect("a device list");
+        assert_eq!(one.per_engine(3).expect("placed"), vec![Device::Cpu; 3]);
         assert_eq!(
-            Devices::default().per_engine(1).unwrap(),
+            Devices::default().per_engine(1).expect("placed"),
             vec![Device::Auto]
         );
         assert!("cpu,cuda:1".parse::<Devices>().is_ok());

@@ -276,7 +276,13 @@ fn transcripts_equal_faster_whisper() {
             "{id}: text"
         );
         assert_eq!(got.language, "en");
-        assert!((got.duration - r["duration"].as_f64().expect("test data")).abs() < 1e-6);
+        // The golden's duration went through float32 (7 significant digits).
+        let want_duration = r["duration"].as_f64().expect("test data");
+        assert!(
+            (got.duration - want_duration).abs() <= 1e-6 * want_duration.max(1.0),
+            "{id}: duration {} vs {want_duration}",
+            got.duration
+        );
         let want = r["segments"].as_array().expect("test data");
         assert_eq!(got.segments.len(), want.len(), "{id}: segment count");
         assert_eq!(streamed, got.segments, "{id}: streamed segments");
@@ -302,10 +308,18 @@ fn transcripts_equal_faster_whisper() {
                 "{what}: text"
             );
             assert_eq!(g.tokens, ids(&w["tokens"]), "{what}: tokens");
+            // The compression ratio depends on the deflate implementation's output length:
+            // faster-whisper's is CPython's zlib, ours zlib-rs, whose streams for the same
+            // text can differ by a few bytes. Equal within 5% is the same text compressing
+            // alike; the 2.4 threshold it feeds is far from the values here.
             for (field, got, tol) in [
                 ("avg_logprob", g.avg_logprob, 1e-3),
                 ("no_speech_prob", g.no_speech_prob, 1e-3),
-                ("compression_ratio", g.compression_ratio, 1e-5),
+                (
+                    "compression_ratio",
+                    g.compression_ratio,
+                    0.05 * w["compression_ratio"].as_f64().expect("test data"),
+                ),
             ] {
                 let want = w[field].as_f64().expect("test data");
                 assert!((got - want).abs() <= tol, "{what}: {field} {got} vs {want}");

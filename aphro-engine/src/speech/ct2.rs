@@ -179,6 +179,9 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// A tensor as (shape, row-major f32 values).
+pub type ShapedF32 = (Vec<usize>, Vec<f32>);
+
 impl Ct2Model {
     pub fn open(path: &Path) -> Result<Self, Ct2Error> {
         let bytes = std::fs::read(path).map_err(|source| Ct2Error::Io {
@@ -287,7 +290,7 @@ impl Ct2Model {
     }
 
     /// A floating-point variable's values as `f32` (`None` if the file lacks it).
-    pub fn f32(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>, Ct2Error> {
+    pub fn f32(&self, name: &str) -> Result<Option<ShapedF32>, Ct2Error> {
         let Some(v) = self.get(name) else {
             return Ok(None);
         };

@@ -35,7 +35,7 @@ pub struct WhisperDims {
 /// A named tensor source with CTranslate2's Whisper names (`encoder/layer_0/...`).
 pub(crate) trait Ct2Names {
     /// The tensor as f32, `None` if absent.
-    fn tensor(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>, SpeechError>;
+    fn tensor(&self, name: &str) -> Result<Option<super::ct2::ShapedF32>, SpeechError>;
     fn scalar(&self, name: &str) -> Result<Option<i64>, SpeechError>;
 }
 
@@ -46,7 +46,7 @@ impl From<Ct2Error> for SpeechError {
 }
 
 impl Ct2Names for Ct2Model {
-    fn tensor(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>, SpeechError> {
+    fn tensor(&self, name: &str) -> Result<Option<super::ct2::ShapedF32>, SpeechError> {
         Ok(self.f32(name)?)
     }
     fn scalar(&self, name: &str) -> Result<Option<i64>, SpeechError> {
@@ -88,21 +88,6 @@ fn dense(src: &dyn Ct2Names, name: &str, out: usize, inp: usize) -> Result<Dense
         out,
         inp,
     })
-}
-
-/// Rows `[from, from + rows)` of a fused `[out, in]` projection as its own layer.
-fn split_dense(d: &Dense, from: usize, rows: usize) -> Dense {
-    let wt =
-        d.wt.chunks_exact(d.out)
-            .flat_map(|r| &r[from..from + rows])
-            .copied()
-            .collect();
-    Dense {
-        wt,
-        b: d.b[from..from + rows].to_vec(),
-        out: rows,
-        inp: d.inp,
-    }
 }
 
 fn norm(src: &dyn Ct2Names, name: &str, d: usize) -> Result<LayerNorm, SpeechError> {
