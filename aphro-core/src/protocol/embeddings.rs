@@ -201,16 +201,20 @@ pub fn vector_bytes(v: &[f32], dtype: EmbedDType, endianness: Endianness) -> Vec
     out
 }
 
-/// torch's `fp8e4m3fn_from_fp32_value` (c10/util/Float8_e4m3fn.h): round to nearest even,
-/// |x| ≥ 480 (and NaN) → NaN (0x7f); no infinities.
+/// A float32 to float8_e4m3fn as torch's tensor cast (`tensor.to(torch.float8_e4m3fn)`, what
+/// vLLM's `tensor2binary` runs) does it: round to nearest even, NaN → 0x7f, and everything
+/// beyond the largest finite value (±448, infinities included) saturates to it (0x7e). The
+/// scalar `c10::fp8e4m3fn_from_fp32_value` would give NaN there; the tensor cast does not.
 fn fp8_e4m3fn_from_f32(f: f32) -> u8 {
     const FP8_MAX: u32 = 1087 << 20;
     const DENORM_MASK: u32 = 141 << 23;
     let bits = f.to_bits();
     let sign = bits & 0x8000_0000;
     let mut f_bits = bits ^ sign;
-    let result = if f_bits >= FP8_MAX {
+    let result = if f_bits > (255 << 23) {
         0x7f
+    } else if f_bits >= FP8_MAX {
+        0x7e
     } else if f_bits < (121 << 23) {
         // Below 2^-6, the smallest normal: the float add rounds the mantissa into place.
         f_bits = (f32::from_bits(f_bits) + f32::from_bits(DENORM_MASK)).to_bits();
@@ -219,7 +223,8 @@ fn fp8_e4m3fn_from_f32(f: f32) -> u8 {
         let mant_odd = (f_bits >> 20) & 1;
         f_bits = f_bits.wrapping_add(((7u32).wrapping_sub(127) << 23).wrapping_add(0x7FFFF));
         f_bits = f_bits.wrapping_add(mant_odd);
-        (f_bits >> 20) as u8
+        // [464, 480) rounds up to the NaN pattern: saturate instead.
+        ((f_bits >> 20) as u8).min(0x7e)
     };
     result | (sign >> 24) as u8
 }
@@ -375,8 +380,9 @@ mod tests {
 
     #[test]
     fn fp8_casts_match_torch() {
-        // (value, float8_e4m3fn bits, float8_e5m2 bits), as torch casts them.
-        let cases: [(f32, u8, u8); 12] = [
+        // (value, float8_e4m3fn bits, float8_e5m2 bits), as torch 2.15's tensor casts give
+        // them (`torch.tensor(v).to(dtype).view(torch.uint8)`).
+        let cases: [(f32, u8, u8); 13] = [
             (0.0, 0x00, 0x00),
             (-0.0, 0x80, 0x80),
             (1.0, 0x38, 0x3c),
@@ -385,7 +391,8 @@ mod tests {
             (-0.5, 0xb0, 0xb8),
             (448.0, 0x7e, 0x5f),
             (464.0, 0x7e, 0x5f),
-            (500.0, 0x7f, 0x60),
+            (500.0, 0x7e, 0x60),
+            (470.0, 0x7e, 0x5f),
             (2f32.powi(-9), 0x01, 0x18),
             (2f32.powi(-10), 0x00, 0x14),
             (3.0 * 2f32.powi(-10), 0x02, 0x1a),
@@ -399,7 +406,8 @@ mod tests {
         assert_eq!(fp8_e5m2_from_f32(2f32.powi(-16)), 0x01);
         assert_eq!(fp8_e5m2_from_f32(f32::NAN), 0x7f);
         assert_eq!(fp8_e4m3fn_from_f32(f32::NAN), 0x7f);
-        assert_eq!(fp8_e4m3fn_from_f32(f32::INFINITY), 0x7f);
+        assert_eq!(fp8_e4m3fn_from_f32(f32::INFINITY), 0x7e);
+        assert_eq!(fp8_e4m3fn_from_f32(f32::NEG_INFINITY), 0xfe);
     }
 
     #[test]
