@@ -19,5 +19,6 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod serving;
+pub mod speech;
 #[cfg(test)]
 mod test_support;
