@@ -210,8 +210,6 @@ pub struct ServerBuilder {
     launch_kobold_api: bool,
     base_path: Option<String>,
     docs: bool,
-    speech_threads: Option<usize>,
-    upload_limits: aphro_engine::transcription::UploadLimits,
 }
 
 impl Default for ServerBuilder {
@@ -233,11 +231,6 @@ impl Default for ServerBuilder {
             launch_kobold_api: false,
             base_path: None,
             docs: true,
-            speech_threads: None,
-            upload_limits: aphro_engine::transcription::UploadLimits {
-                max_filesize_mb: aphro_engine::transcription::max_filesize_mb_from_env(),
-                max_duration_s: None,
-            },
         }
     }
 }
@@ -340,24 +333,6 @@ impl ServerBuilder {
         self
     }
 
-    /// Threads a speech model (`Role::Speech`) computes on (default: every core).
-    pub fn speech_threads(mut self, threads: usize) -> Self {
-        self.speech_threads = Some(threads);
-        self
-    }
-
-    /// The longest audio `Role::Speech` accepts per request (`--max-audio-duration`).
-    pub fn max_audio_duration(mut self, seconds: f64) -> Self {
-        self.upload_limits.max_duration_s = Some(seconds);
-        self
-    }
-
-    /// The largest upload in MiB (default: `VLLM_MAX_AUDIO_CLIP_FILESIZE_MB`, else 25).
-    pub fn max_audio_filesize_mb(mut self, mb: f64) -> Self {
-        self.upload_limits.max_filesize_mb = mb;
-        self
-    }
-
     /// Serve `/openapi.json` and `/docs` (default: on).
     pub fn docs(mut self, on: bool) -> Self {
         self.docs = on;
@@ -421,23 +396,6 @@ impl ServerBuilder {
                     .with_served_name(served[0].clone());
                 settings.max_model_len = embedder.max_model_len();
                 AppState::new(settings).with_embedder(Arc::new(embedder))
-            }
-            Role::Speech => {
-                use aphro_engine::speech::{Transcriber, TranscriberConfig};
-                let dir = aphro_engine::model::resolve_model_path(std::path::Path::new(&spec))?;
-                let transcriber = Transcriber::load(
-                    &dir,
-                    TranscriberConfig {
-                        num_threads: self.speech_threads,
-                    },
-                )
-                .with_context(|| format!("loading speech model `{spec}`"))?;
-                // vLLM reports the decoder's context as the model length.
-                settings.max_model_len = transcriber.info().max_target_positions;
-                AppState::new(settings).with_speech(Arc::new(super::audio::SpeechServing::new(
-                    Arc::new(transcriber),
-                    self.upload_limits,
-                )))
             }
             Role::Full | Role::TokensOnly => {
                 let tokens_only = self.role == Role::TokensOnly;
