@@ -3,6 +3,8 @@ pub mod backend;
 pub mod gpu;
 pub mod model;
 pub mod runner;
+/// The audio routes' work over [`speech::Transcriber`] (shared by HTTP, CLI and Python).
+pub mod transcription;
 
 pub mod engine;
 pub mod kobold;
