@@ -249,7 +249,7 @@ async fn malformed_forms_are_vllms_errors() {
         (
             vec![file, ("language", None, b"xx")],
             StatusCode::BAD_REQUEST,
-            "Unsupported language: \"xx\".  Must be one of ['en'",
+            "Unsupported language: 'xx'.  Must be one of ['af', 'ar', 'hy',",
         ),
         (
             vec![file, ("model", None, b"whisper-large")],
@@ -400,6 +400,7 @@ async fn streams_segments_then_stop_usage_and_done() {
         .map(|e| serde_json::from_str(e).expect("chunk json"))
         .collect();
     let mut text = String::new();
+    let mut openai_text = String::new();
     for c in &chunks {
         assert_eq!(c["object"], "transcription.chunk");
         assert!(c["id"]
@@ -408,10 +409,19 @@ async fn streams_segments_then_stop_usage_and_done() {
         if let Some(d) = c["choices"][0]["delta"]["content"].as_str() {
             text.push_str(d);
         }
+        if c["type"] == "transcript.text.delta" {
+            openai_text.push_str(c["delta"].as_str().expect("delta"));
+        }
     }
     assert_eq!(normalized(&text), reference_text("a10_yes"));
+    assert_eq!(openai_text, text);
     let stop = &chunks[chunks.len() - 2];
     assert_eq!(stop["choices"][0]["finish_reason"], "stop", "{stop}");
+    assert_eq!(stop["type"], "transcript.text.done", "{stop}");
+    assert_eq!(
+        normalized(stop["text"].as_str().expect("text")),
+        reference_text("a10_yes")
+    );
     let usage = &chunks[chunks.len() - 1];
     assert_eq!(usage["choices"], serde_json::json!([]));
     let u = &usage["usage"];

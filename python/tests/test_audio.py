@@ -73,6 +73,11 @@ def test_streaming(client):
         for e in events if getattr(e, "choices", None)
     )
     assert _norm(text) == _reference("a01_hello_us")
+    # OpenAI's own event fields, as its SDK's users read them.
+    deltas = "".join(e.delta for e in events if getattr(e, "type", None) == "transcript.text.delta")
+    assert deltas == text
+    done = [e for e in events if getattr(e, "type", None) == "transcript.text.done"]
+    assert len(done) == 1 and _norm(done[0].text) == _reference("a01_hello_us")
 
 
 def test_flac_and_mp3_uploads(client):
@@ -81,8 +86,9 @@ def test_flac_and_mp3_uploads(client):
     assert _norm(r.text) == _reference("a01_hello_us@flac")
     with open(AUDIO / "a04_slow_female.mp3", "rb") as f:
         r = client.audio.transcriptions.create(model=MODEL, file=f)
-    # Another MP3 decoder than PyAV's: equal samples count, close but not bit-equal samples.
-    assert r.text.strip()
+    # Another MP3 decoder than PyAV's: equal sample count, close but not bit-equal samples; the
+    # transcript is faster-whisper's on the MP3 or on the lossless original.
+    assert _norm(r.text) in {_reference("a04_slow_female@mp3"), _reference("a04_slow_female")}
 
 
 def test_bad_upload_is_a_400(client):

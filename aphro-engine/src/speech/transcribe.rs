@@ -351,7 +351,11 @@ impl Transcriber {
 
     /// The request's language: validated as vLLM does; English-only checkpoints always
     /// decode English (faster-whisper), `None` on a multilingual one means detection.
-    fn resolve_language(&self, code: Option<&str>) -> Result<Option<&'static str>, SpeechError> {
+    /// Servers call it before they answer, so a bad code is a 400 and not a broken stream.
+    pub fn resolve_language(
+        &self,
+        code: Option<&str>,
+    ) -> Result<Option<&'static str>, SpeechError> {
         let Some(code) = code else {
             return Ok(if self.loaded.info.is_multilingual {
                 None

@@ -364,15 +364,10 @@ fn prepare(
     };
     let info = serving.transcriber.info();
     let language = form.language.filter(|l| !l.is_empty());
-    if let Some(lang) = &language {
-        if !info.languages.iter().any(|l| l == lang) {
-            let list: Vec<String> = info.languages.iter().map(|l| format!("'{l}'")).collect();
-            return Err(ApiError::from(SpeechError::UnsupportedLanguage {
-                language: lang.clone(),
-                supported: format!("[{}]", list.join(", ")),
-            }));
-        }
-    }
+    serving
+        .transcriber
+        .resolve_language(language.as_deref())
+        .map_err(ApiError::from)?;
     let options = TranscribeOptions {
         task: effective_task(task, info.is_multilingual),
         language,
@@ -503,7 +498,9 @@ enum Progress {
 }
 
 /// The SSE response: one `transcription.chunk` per final segment, then a chunk with
-/// `finish_reason: "stop"`, the usage chunk when asked, and `[DONE]`. The model runs on a
+/// `finish_reason: "stop"`, the usage chunk when asked, and `[DONE]`. Each chunk also
+/// carries OpenAI's event fields (`type` `transcript.text.delta` with `delta`, then
+/// `transcript.text.done` with the whole `text`), so both vLLM's and OpenAI's readers work. The model runs on a
 /// blocking thread; when the client goes away the channel's sends fail quietly and the
 /// thread ends with the transcription it is running (bounded by the audio's length).
 fn stream(
@@ -572,17 +569,24 @@ fn stream(
                         Some(Progress::Segment { text, tokens }) => {
                             st.completion += tokens;
                             let u = continuous.then(|| usage(0, st.completion));
-                            st.pending
-                                .push(Ok(chunk(json!([{"delta": {"content": text}}]), u)));
+                            let mut c = chunk(json!([{"delta": {"content": text}}]), u);
+                            // OpenAI's event shape on the same chunk, for its SDK's
+                            // `event.type` / `event.delta` readers.
+                            c["type"] = Value::from("transcript.text.delta");
+                            c["delta"] = Value::from(text);
+                            st.pending.push(Ok(c));
                         }
                         Some(Progress::Done(Ok(t))) => {
                             st.finished = true;
                             let (p, c) = (t.prompt_tokens, t.completion_tokens);
                             let u = continuous.then(|| usage(p, c));
-                            st.pending.push(Ok(chunk(
+                            let mut stop = chunk(
                                 json!([{"delta": {"content": ""}, "finish_reason": "stop", "stop_reason": null}]),
                                 u,
-                            )));
+                            );
+                            stop["type"] = Value::from("transcript.text.done");
+                            stop["text"] = Value::from(t.text.clone());
+                            st.pending.push(Ok(stop));
                             if include_usage {
                                 st.pending.push(Ok(chunk(json!([]), Some(usage(p, c)))));
                             }
