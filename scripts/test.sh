@@ -45,7 +45,8 @@ rm -rf "$PYVENV"
 python3 -m venv "$PYVENV"
 export PATH="$PYVENV/bin:$PATH" # maturin's PEP 517 backend runs `maturin` from PATH
 "$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check "maturin>=1.7,<2" pytest httpx "openai>=1.50,<3" "anthropic>=0.40,<3" \
-    "vllm-router==0.1.17" "msgspec==0.23.0" "pyzmq>=26,<28" "cbor2>=5.6,<6"
+    "vllm-router==0.1.17" "msgspec==0.23.0" "pyzmq>=26,<28" "cbor2>=5.6,<6" \
+    "cohere==7.3.1"
 MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" \
     "$PYVENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation ./python
 APHRO_BIN="${APHRO_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/debug/aphro}" \

@@ -4,6 +4,7 @@
 //! (`render_chat`, `render_completion`, `tokenize`, `detokenize`), [`error::Error::to_envelope`],
 //! [`detokenizer::IncrementalDetokenizer`], [`default_model::ensure_default_model`].
 pub mod anthropic;
+pub mod audio;
 pub mod bench_support;
 pub mod chat_prompt;
 pub mod content_parts;

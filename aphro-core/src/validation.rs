@@ -285,12 +285,19 @@ fn union_errors(name: &str, loc: &[Loc], input: &Value) -> Option<Vec<FieldError
             branch::<String>(&mut out, input, loc);
             branch::<Vec<String>>(&mut out, input, loc);
         }
-        // `prompt: list[int] | list[list[int]] | str | list[str] | None`
-        "PromptInput" => {
+        // `prompt: list[int] | list[list[int]] | str | list[str] | None`, and the pooling
+        // routes' `input` (the same union)
+        "PromptInput" | "EmbeddingInput" => {
             branch::<Vec<i64>>(&mut out, input, loc);
             branch::<Vec<Vec<i64>>>(&mut out, input, loc);
             branch::<String>(&mut out, input, loc);
             branch::<Vec<String>>(&mut out, input, loc);
+        }
+        // A pooling request's completion-style `input` | chat `messages` (flattened into the
+        // body, so each branch reads the whole body).
+        "PoolingInput" => {
+            branch::<crate::protocol::CompletionInput>(&mut out, input, loc);
+            branch::<crate::protocol::ChatInput>(&mut out, input, loc);
         }
         _ => return None,
     }

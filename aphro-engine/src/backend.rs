@@ -48,10 +48,90 @@ impl FromStr for Device {
     }
 }
 
+/// `--device` as the serving flag takes it: one device for every engine, or one device per
+/// data-parallel engine (`cuda:0,cuda:1`), as vLLM places one engine on each GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Devices(Vec<Device>);
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices(vec![Device::Auto])
+    }
+}
+
+impl From<Device> for Devices {
+    fn from(d: Device) -> Self {
+        Devices(vec![d])
+    }
+}
+
+impl fmt::Display for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Devices {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Self, DeviceError> {
+        let list = s
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<Vec<Device>, _>>()?;
+        if list.len() > 1 {
+            // Each engine owns its device: `auto` could land two engines on one GPU, and a
+            // device named twice would do so outright.
+            if list.contains(&Device::Auto) {
+                return Err(DeviceError::List(format!(
+                    "{s:?}: a list of devices names each one (cpu or cuda:N), not auto"
+                )));
+            }
+            for (i, d) in list.iter().enumerate() {
+                if list[..i].contains(d) {
+                    return Err(DeviceError::List(format!("{s:?}: {d} is named twice")));
+                }
+            }
+        }
+        Ok(Devices(list))
+    }
+}
+
+impl Devices {
+    pub fn as_slice(&self) -> &[Device] {
+        &self.0
+    }
+
+    /// How many engines to run and where: a list of N devices runs N engines, one on each
+    /// (with `--data-parallel-size` left at 1 or set to N); one device runs all
+    /// `data_parallel_size` engines (on the CPU each gets its share of the cores).
+    pub fn per_engine(&self, data_parallel_size: usize) -> Result<Vec<Device>, DeviceError> {
+        match (self.0.as_slice(), data_parallel_size) {
+            ([d], n) => Ok(vec![*d; n]),
+            (list, 1) => Ok(list.to_vec()),
+            (list, n) if list.len() == n => Ok(list.to_vec()),
+            (list, n) => Err(DeviceError::List(format!(
+                "--device names {} devices but --data-parallel-size is {n}: give one device per \
+                 engine",
+                list.len()
+            ))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
     #[error("unknown device {0:?} (expected auto, cpu, cuda or cuda:N)")]
     Unknown(String),
+    /// A `--device` list that cannot place the engines.
+    #[error("{0}")]
+    List(String),
     #[error(
         "this build has no CUDA support: rebuild with `cargo build --release --features cuda` \
          (or use --device cpu)"
@@ -227,6 +307,32 @@ mod tests {
             Err(DeviceError::Unknown(_))
         ));
         assert!("cuda:x".parse::<Device>().is_err());
+    }
+
+    #[test]
+    fn device_lists_place_one_engine_per_device() {
+        let two: Devices = "cuda:0,cuda:1".parse().expect("a device list");
+        assert_eq!(two.to_string(), "cuda:0,cuda:1");
+        assert_eq!(
+            two.per_engine(1).expect("placed"),
+            vec![Device::Cuda(0), Device::Cuda(1)]
+        );
+        assert_eq!(two.per_engine(2).expect("placed").len(), 2);
+        let err = two.per_engine(3).expect_err("refused").to_string();
+        assert!(
+            err.contains("names 2 devices") && err.contains("is 3"),
+            "{err}"
+        );
+        let one: Devices = "cpu".parse().expect("a device list");
+        assert_eq!(one.per_engine(3).expect("placed"), vec![Device::Cpu; 3]);
+        assert_eq!(
+            Devices::default().per_engine(1).expect("placed"),
+            vec![Device::Auto]
+        );
+        assert!("cpu,cuda:1".parse::<Devices>().is_ok());
+        for bad in ["cuda:0,cuda:0", "auto,cuda:1", "cuda:0,", "cuda:0,tpu"] {
+            assert!(bad.parse::<Devices>().is_err(), "{bad}");
+        }
     }
 
     #[test]

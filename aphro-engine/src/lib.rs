@@ -3,6 +3,8 @@ pub mod backend;
 pub mod gpu;
 pub mod model;
 pub mod runner;
+/// The audio routes' work over [`speech::Transcriber`] (shared by HTTP, CLI and Python).
+pub mod transcription;
 
 pub mod engine;
 pub mod kobold;
@@ -19,5 +21,6 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod serving;
+pub mod speech;
 #[cfg(test)]
 mod test_support;

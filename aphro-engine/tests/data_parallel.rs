@@ -211,3 +211,33 @@ fn zero_engines_is_a_start_up_error() {
     });
     assert!(matches!(err, Err(ServingError::Load(m)) if m.contains("data-parallel-size")));
 }
+
+/// `--device` with a list: one engine per device (`--data-parallel-size` left at 1 or equal
+/// to the list), refused before any model loads when the list cannot place the engines.
+#[test]
+fn a_device_list_places_one_engine_on_each_device() {
+    let start = |device: &str, dp: usize| {
+        ServingEngine::new(ServingConfig {
+            model: gguf(),
+            device: device.parse().expect("a device list"),
+            kv_cache_memory: Some(32 << 20),
+            max_model_len: MaxModelLen::Auto,
+            data_parallel_size: dp,
+            ..ServingConfig::default()
+        })
+    };
+    let Err(ServingError::Load(e)) = start("cpu,cuda:1", 3) else {
+        panic!("three engines on two devices must be refused")
+    };
+    assert!(e.contains("names 2 devices") && e.contains("is 3"), "{e}");
+    if !aphro_engine::backend::cuda_compiled() {
+        // Each listed GPU is checked before anything loads.
+        let Err(ServingError::Load(e)) = start("cuda:0,cuda:1", 1) else {
+            panic!("a CUDA device without CUDA support must be refused")
+        };
+        assert!(e.contains("no CUDA support"), "{e}");
+    }
+    // One device for several engines: all of them there.
+    let s = start("cpu", 2).expect("two engines on the CPU");
+    assert_eq!(s.engines().count(), 2);
+}

@@ -736,3 +736,29 @@ fn truncation_sides_and_token_inputs() {
         vec![2088, 999]
     );
 }
+
+/// `EmbedInput::RawText` (vLLM's `add_special_tokens: false`): the text's ids without
+/// `[CLS]` / `[SEP]`, so "Hello world" is the golden of its bare ids; truncation keeps the
+/// first ids with no room reserved for special tokens.
+#[test]
+fn raw_text_has_no_special_tokens() {
+    let m = minilm();
+    let bare = jsonl("embeddings.jsonl")
+        .into_iter()
+        .find(|c| c["id"] == "ids-no-specials")
+        .expect("golden");
+    let out = m
+        .embed(
+            &[EmbedInput::RawText("Hello world".into())],
+            &EmbedOptions::default(),
+        )
+        .expect("embeds");
+    assert_eq!(out[0].token_ids, ids(&bare["input"]));
+    let diff = max_abs(&out[0].embedding, &floats(&bare["embedding"]));
+    assert!(diff <= EMBED_ABS_TOL, "{diff:e}");
+    let raw = EmbedInput::RawText("one two three".into());
+    assert_eq!(m.tokenize(&raw, Some(1), None).expect("right"), vec![2028]);
+    let text = EmbedInput::Text("one two three".into());
+    let err = m.tokenize(&text, Some(1), None).expect_err("no room");
+    assert_eq!(err.status(), 400);
+}

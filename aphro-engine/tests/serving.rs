@@ -70,7 +70,7 @@ fn test_device() -> aphro_engine::backend::Device {
 fn engine(cfg: ServingConfig) -> ServingEngine {
     ServingEngine::new(ServingConfig {
         model: gguf(),
-        device: test_device(),
+        device: test_device().into(),
         ..cfg
     })
     .expect("engine starts")
@@ -666,7 +666,7 @@ fn max_model_len_policy() {
     let start = |kv: Option<usize>, len: MaxModelLen| {
         ServingEngine::new(ServingConfig {
             model: gguf(),
-            device: test_device(),
+            device: test_device().into(),
             kv_cache_memory: kv,
             max_model_len: len,
             ..ServingConfig::default()

@@ -253,14 +253,288 @@ async fn embeddings_float_and_base64_match_goldens() {
         let diff = max_abs(&decoded, &golden_vec);
         assert!(diff <= tol, "{dtype} {endianness}: {diff:e}");
     }
-    let (status, e) = call(
+    // fp8 (torch's float8_e4m3fn / float8_e5m2): one byte per element, within half a step
+    // of the type from the golden (relative 2^-4 / 2^-3; the subnormal step below).
+    for (dtype, exp_bits, rel, subnormal_half_step) in [
+        ("fp8_e4m3", 4, 1.0 / 16.0, 2f32.powi(-10)),
+        ("fp8_e5m2", 5, 1.0 / 8.0, 2f32.powi(-17)),
+    ] {
+        let (status, b) = call(
+            "POST",
+            "/v1/embeddings",
+            Some(json!({"input": hello["input"], "encoding_format": "base64",
+                        "embed_dtype": dtype})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{b}");
+        let bytes = base64_decode(b["data"][0]["embedding"].as_str().expect("base64 string"));
+        assert_eq!(bytes.len(), golden_vec.len(), "{dtype}");
+        for (i, (&byte, &g)) in bytes.iter().zip(&golden_vec).enumerate() {
+            let x = fp8_to_f32(byte, exp_bits);
+            let tol = (g.abs() * rel).max(subnormal_half_step) + 1e-5;
+            assert!((x - g).abs() <= tol, "{dtype}[{i}]: {x} vs {g}");
+        }
+    }
+}
+
+/// An fp8 byte (sign, `exp_bits` exponent bits, the rest mantissa; IEEE-style bias and
+/// subnormals) as f32. NaN and infinity do not occur in normalized embeddings.
+fn fp8_to_f32(b: u8, exp_bits: u32) -> f32 {
+    let man_bits = 7 - exp_bits;
+    let bias = (1i32 << (exp_bits - 1)) - 1;
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((b >> man_bits) & ((1 << exp_bits) - 1)) as i32;
+    let m = (b & ((1 << man_bits) - 1)) as f32 / (1 << man_bits) as f32;
+    if e == 0 {
+        sign * m * 2f32.powi(1 - bias)
+    } else {
+        sign * (1.0 + m) * 2f32.powi(e - bias)
+    }
+}
+
+/// A POST's status, headers and raw body (the binary `encoding_format`s).
+async fn call_raw(
+    app: axum::Router,
+    path: &str,
+    body: Value,
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let req = Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let resp = app.oneshot(req).await.expect("response");
+    let (parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.expect("body");
+    (parts.status, parts.headers, bytes.to_vec())
+}
+
+/// `encoding_format: "bytes"` and `"bytes_only"` (vLLM's `encode_pooling_bytes`): the vectors'
+/// bytes back to back as `application/octet-stream`; `bytes` says in its `metadata` header
+/// where each lies. Decoded, they are the golden vectors.
+#[tokio::test]
+async fn bytes_and_bytes_only_decode_to_the_goldens() {
+    let cases = [golden("hello-world"), golden("pangram")];
+    let inputs: Vec<&Value> = cases.iter().map(|c| &c["input"]).collect();
+    let tokens: u64 = cases
+        .iter()
+        .map(|c| c["n_tokens"].as_u64().expect("n"))
+        .sum();
+    let decode = |bytes: &[u8], dtype: &str, big: bool| -> Vec<f32> {
+        let width = if dtype == "float32" { 4 } else { 2 };
+        bytes
+            .chunks_exact(width)
+            .map(|c| {
+                let mut c = c.to_vec();
+                if big {
+                    c.reverse();
+                }
+                match dtype {
+                    "float16" => half::f16::from_le_bytes([c[0], c[1]]).to_f32(),
+                    _ => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                }
+            })
+            .collect()
+    };
+    for (path, dtype, endianness, tol) in [
+        ("/v1/embeddings", "float32", "little", 1e-5f32),
+        ("/v1/embeddings", "float16", "big", 5e-4),
+        ("/pooling", "float32", "big", 1e-5),
+    ] {
+        let (status, headers, body) = call_raw(
+            app(),
+            path,
+            json!({"input": inputs, "encoding_format": "bytes", "embed_dtype": dtype,
+                   "endianness": endianness}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(headers["content-type"], "application/octet-stream");
+        let meta: Value =
+            serde_json::from_str(headers["metadata"].to_str().expect("ascii")).expect("json");
+        let prefix = if path == "/pooling" {
+            "pooling-"
+        } else {
+            "embd-"
+        };
+        assert!(
+            meta["id"].as_str().expect("id").starts_with(prefix),
+            "{meta}"
+        );
+        assert_eq!(meta["model"], "minilm");
+        assert!(meta["created"].as_u64().is_some());
+        assert_eq!(
+            meta["usage"],
+            json!({"prompt_tokens": tokens, "total_tokens": tokens})
+        );
+        let items = meta["data"].as_array().expect("data");
+        assert_eq!(items.len(), 2);
+        let width = if dtype == "float32" { 4 } else { 2 };
+        assert_eq!(body.len(), 2 * 384 * width);
+        for (i, (item, case)) in items.iter().zip(&cases).enumerate() {
+            assert_eq!(item["index"], i);
+            assert_eq!(item["embed_dtype"], dtype);
+            assert_eq!(item["endianness"], endianness);
+            assert_eq!(item["shape"], json!([384]));
+            let (start, end) = (
+                item["start"].as_u64().expect("start") as usize,
+                item["end"].as_u64().expect("end") as usize,
+            );
+            assert_eq!((start, end), (i * 384 * width, (i + 1) * 384 * width));
+            let v = decode(&body[start..end], dtype, endianness == "big");
+            let diff = max_abs(&v, &floats(&case["embedding"]));
+            assert!(diff <= tol, "{path} {dtype}: {diff:e}");
+        }
+        // `bytes_only`: the same body, no header.
+        let (status, headers, only) = call_raw(
+            app(),
+            path,
+            json!({"input": inputs, "encoding_format": "bytes_only", "embed_dtype": dtype,
+                   "endianness": endianness}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.get("metadata").is_none());
+        assert_eq!(only, body, "{path} {dtype}");
+    }
+    // `/pooling` base64 honours `embed_dtype` and `endianness` too.
+    let (status, v) = call(
         "POST",
-        "/v1/embeddings",
-        Some(json!({"input": "a", "encoding_format": "base64", "embed_dtype": "fp8_e4m3"})),
+        "/pooling",
+        Some(json!({"input": inputs[0], "encoding_format": "base64",
+                    "embed_dtype": "float16", "endianness": "big"})),
     )
     .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{e}");
-    assert_eq!(e["error"]["param"], "embed_dtype");
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let bytes = base64_decode(v["data"][0]["data"].as_str().expect("b64"));
+    let diff = max_abs(
+        &decode(&bytes, "float16", true),
+        &floats(&cases[0]["embedding"]),
+    );
+    assert!(diff <= 5e-4, "{diff:e}");
+}
+
+/// MiniLM served with a chat template that places BERT's own special tokens, so a rendered
+/// one-message chat tokenizes to the golden ids of its text.
+fn chat_app() -> axum::Router {
+    use std::sync::OnceLock;
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            Server::builder()
+                .model(minilm_dir().to_string_lossy())
+                .role(Role::Pooling)
+                .served_model_name("minilm")
+                .frontend(aphro_http::server::FrontendOptions {
+                    chat_template: Some(
+                        "{% for m in messages %}[CLS] {{ m['content'] }} [SEP]{% endfor %}\
+                         {% if add_generation_prompt %} answer{% endif %}"
+                            .into(),
+                    ),
+                    ..Default::default()
+                })
+                .build()
+                .expect("pooling server with a chat template builds")
+        })
+        .router()
+}
+
+/// `add_special_tokens: false` on text input, and chat `messages` (rendered through the chat
+/// template, then tokenized without special tokens unless asked), against the goldens.
+#[tokio::test]
+async fn add_special_tokens_and_chat_messages() {
+    let bare = golden("ids-no-specials");
+    let (status, v) = call(
+        "POST",
+        "/v1/embeddings",
+        Some(json!({"input": "Hello world", "add_special_tokens": false})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 2);
+    let diff = max_abs(
+        &floats(&v["data"][0]["embedding"]),
+        &floats(&bare["embedding"]),
+    );
+    assert!(diff <= 1e-5, "{diff:e}");
+
+    let hello = golden("hello-world");
+    let chat = json!([{"role": "user", "content": hello["input"]}]);
+    for path in ["/v1/embeddings", "/pooling"] {
+        let (status, v) = call_on(chat_app(), "POST", path, Some(json!({"messages": chat}))).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {v}");
+        assert_eq!(v["usage"]["prompt_tokens"], hello["n_tokens"], "{path}");
+        let got = if path == "/pooling" {
+            &v["data"][0]["data"]
+        } else {
+            &v["data"][0]["embedding"]
+        };
+        let diff = max_abs(&floats(got), &floats(&hello["embedding"]));
+        assert!(diff <= 1e-5, "{path}: {diff:e}");
+    }
+    // Special tokens on top of the template's: [CLS] [CLS] hello world [SEP] [SEP].
+    let (status, v) = call_on(
+        chat_app(),
+        "POST",
+        "/v1/embeddings",
+        Some(json!({"messages": chat, "add_special_tokens": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 6);
+    // `add_generation_prompt` reaches the template (one more token).
+    let (status, v) = call_on(
+        chat_app(),
+        "POST",
+        "/v1/embeddings",
+        Some(json!({"messages": chat, "add_generation_prompt": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+    let (status, v) = call_on(
+        chat_app(),
+        "POST",
+        "/v1/embeddings",
+        Some(json!({"messages": chat, "add_generation_prompt": true,
+                    "continue_final_message": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v["error"]["message"],
+        "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+    );
+
+    // MiniLM itself has no chat template: vLLM's refusal; a request template is untrusted.
+    let (status, v) = call("POST", "/v1/embeddings", Some(json!({"messages": chat}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v["error"]["message"],
+        "As of transformers v4.44, default chat template is no longer allowed, so you must \
+         provide a chat template if the tokenizer does not define one."
+    );
+    let (status, v) = call(
+        "POST",
+        "/pooling",
+        Some(json!({"messages": chat, "chat_template": "{{ messages }}"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v["error"]["message"],
+        "Chat template is passed with request, but --trust-request-chat-template is not set. \
+         Refused request with untrusted chat template."
+    );
+    // Neither `input` nor `messages`: pydantic's union error names both.
+    let (status, v) = call("POST", "/v1/embeddings", Some(json!({"inputs": "hi"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let message = v["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("input") && message.contains("messages"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -384,6 +658,55 @@ async fn pooling_server_mounts_pooling_routes_only() {
     }
     for p in ["/classify", "/v1/chat/completions", "/v1/completions"] {
         assert!(!mounted.contains(&p), "{p} mounted: {mounted:?}");
+    }
+    // The shared request parts are documented once and referenced by every request.
+    let schemas = &doc["components"]["schemas"];
+    for (schema, fields) in [
+        (
+            "PoolingParamsFields",
+            &[
+                "truncate_prompt_tokens",
+                "truncation_side",
+                "use_activation",
+            ][..],
+        ),
+        (
+            "EncodingParams",
+            &["encoding_format", "embed_dtype", "endianness"][..],
+        ),
+        ("CompletionInput", &["input", "add_special_tokens"][..]),
+        (
+            "ChatInput",
+            &["messages", "add_generation_prompt", "add_special_tokens"][..],
+        ),
+    ] {
+        for f in fields {
+            assert!(
+                schemas[schema]["properties"][f].is_object(),
+                "{schema}.{f} undocumented: {}",
+                schemas[schema]
+            );
+        }
+    }
+    for (request, parts) in [
+        (
+            "EmbeddingRequest",
+            &["PoolingInput", "EncodingParams", "PoolingParamsFields"][..],
+        ),
+        (
+            "PoolingRequest",
+            &["PoolingInput", "EncodingParams", "PoolingParamsFields"][..],
+        ),
+        ("ScoreRequest", &["PoolingParamsFields"][..]),
+        ("RerankRequest", &["PoolingParamsFields"][..]),
+    ] {
+        let text = schemas[request].to_string();
+        for part in parts {
+            assert!(
+                text.contains(&format!("#/components/schemas/{part}")),
+                "{request} does not include {part}: {text}"
+            );
+        }
     }
     let (status, v) = call("POST", "/classify", Some(json!({"input": "hi"}))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);

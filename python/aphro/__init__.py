@@ -38,6 +38,7 @@ from ._aphro import (
 
 try:  # the serving engine (aphro-engine); absent from builds without it
     from ._aphro import ChunkStream, CoupledServing, Engine, EngineStream  # noqa: F401
+    from ._aphro import Transcriber  # noqa: F401
     from ._engine import AsyncEngine  # noqa: F401
     from ._llm import LLM, AsyncLLM  # noqa: F401
 
@@ -65,6 +66,7 @@ __all__ = [
 ]
 if _HAS_ENGINE:
     __all__ += ["Engine", "EngineStream", "AsyncEngine", "LLM", "AsyncLLM", "ChunkStream"]
+    __all__ += ["Transcriber"]
 
 ModelLike = Union[None, str, "os.PathLike[str]", Model]
 

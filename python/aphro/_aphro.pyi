@@ -193,3 +193,16 @@ class CoupledServing:
     def completion_stream(
         self, request: JSON, *, request_id: Optional[str] = None
     ) -> ChunkStream: ...
+
+class Transcriber:
+    """Speech to text on a Whisper folder (the bodies of ``/v1/audio/transcriptions``)."""
+
+    def __init__(self, model_dir: Union[str, "os.PathLike[str]"], num_threads: Optional[int] = None) -> None: ...
+    def transcribe(
+        self,
+        audio: Union[bytes, str, "os.PathLike[str]"],
+        *,
+        language: Optional[str] = None,
+        prompt: Optional[str] = None,
+        response_format: str = "json",
+    ) -> Union[Dict[str, Any], str]: ...

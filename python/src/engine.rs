@@ -141,7 +141,7 @@ fn config(spec: String, args: Option<&Bound<'_, PyDict>>) -> PyResult<ServingCon
 ///     model: `None` (the embedded default GGUF), a path (`.gguf` / HF directory), a hub id,
 ///         or an `aphro.Model`.
 ///     **engine_args: vLLM's engine flags: `dtype` ("auto", "float32", "bfloat16",
-///         "float16"), `device` ("auto", "cpu", "cuda", "cuda:N"), `kv_cache_memory` (bytes), `block_size`,
+///         "float16"), `device` ("auto", "cpu", "cuda", "cuda:N", or "cuda:0,cuda:1" for one data-parallel engine per device), `kv_cache_memory` (bytes), `block_size`,
 ///         `num_gpu_blocks_override`, `max_num_batched_tokens`, `max_num_seqs`,
 ///         `long_prefill_token_threshold`, `prefill_pacing_ratio`, `enable_prefix_caching`, `max_model_len`, `max_logprobs`, `seed`,
 ///         `served_model_name`, `tokens_only`.

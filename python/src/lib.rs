@@ -15,6 +15,7 @@ mod errors;
 mod model;
 mod parse;
 mod renderer;
+mod transcriber;
 
 /// Native part of the `aphro` package; import `aphro` instead.
 #[pymodule]
@@ -31,6 +32,7 @@ fn aphro_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngineStream>()?;
     m.add_class::<coupled::PyCoupled>()?;
     m.add_class::<coupled::PyChunkStream>()?;
+    m.add_class::<transcriber::PyTranscriber>()?;
     m.add_function(wrap_pyfunction!(parse::parse, m)?)?;
     m.add_function(wrap_pyfunction!(renderer::_bench_render_chat, m)?)?;
     m.add_function(wrap_pyfunction!(default_model_path, m)?)?;

@@ -74,9 +74,11 @@ class Engine:
 
 
 @contextlib.contextmanager
-def engines(n: int, topic: str = ""):
+def engines(n: int, topic: str = "", connect_to: str | None = None):
     """`n` engines, each publishing KV events on its own PUB port with a replay socket. The
-    vLLM router reads events under vLLM's default topic, the empty one."""
+    vLLM router reads events under vLLM's default topic, the empty one. With `connect_to`,
+    the engines' PUB sockets connect to that endpoint instead of binding (llm-d's indexer
+    binds its SUB)."""
     with contextlib.ExitStack() as stack:
         out = []
         for _ in range(n):
@@ -84,7 +86,7 @@ def engines(n: int, topic: str = ""):
             cfg = {
                 "enable_kv_cache_events": True,
                 "publisher": "zmq",
-                "endpoint": f"tcp://*:{pub}",
+                "endpoint": connect_to or f"tcp://*:{pub}",
                 "replay_endpoint": f"tcp://*:{rep}",
                 "topic": topic,
             }
@@ -340,3 +342,39 @@ def test_msgspec_subscriber_decodes_the_stream_checks_hashes_and_replays():
         sub.close(0)
         dealer.close(0)
     ctx.term()
+
+
+def test_llm_d_style_indexer_binds_and_every_pod_connects_with_its_topic():
+    """llm-d's KV-cache indexer binds one SUB socket and subscribes to `kv@`; each vLLM pod
+    connects its PUB to it with the topic `kv@<pod>@<model>`, and the indexer tells pods apart
+    by that topic. The README's recipe, with two aphro servers as the pods."""
+    import zmq
+
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    endpoint = f"tcp://127.0.0.1:{port}"
+    try:
+        with engines(1, topic="kv@pod-a@smol", connect_to=endpoint) as (a,), \
+                engines(1, topic="kv@pod-b@smol", connect_to=endpoint) as (b,):
+            seen: dict[bytes, set[int]] = {}
+            # A connecting PUB drops what it sends before the connection is up, so a pod's
+            # prompt is resent (a new one each time) until its events arrive.
+            deadline = time.time() + 60
+            k = 0
+            while time.time() < deadline and len(seen) < 2:
+                k += 1
+                for i, w in enumerate((a, b)):
+                    ids = [3000 + 7 * k + 100 * i + j for j in range(2 * BLOCK)]
+                    assert complete_ids(w.base, ids).status_code == 200
+                while sub.poll(500, zmq.POLLIN):
+                    topic, seq, payload = sub.recv_multipart()
+                    batch = vllm_kv.msgspec.msgpack.decode(payload, type=vllm_kv.KVEventBatch)
+                    stored = [e for e in batch.events if isinstance(e, vllm_kv.BlockStored)]
+                    if stored:
+                        seen.setdefault(topic, set()).add(int.from_bytes(seq, "big"))
+            assert set(seen) == {b"kv@pod-a@smol", b"kv@pod-b@smol"}, seen
+    finally:
+        sub.close(0)
+        ctx.term()

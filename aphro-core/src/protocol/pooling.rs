@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::embeddings::{EmbeddingInput, EncodingFormat, PoolingUsage, TruncationSideParam};
+use super::embeddings::{EncodingParams, PoolingInput, PoolingParamsFields, PoolingUsage};
 
 /// Cohere v2 `truncate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -117,25 +117,21 @@ pub struct CohereEmbedResponse {
 }
 
 /// `POST /pooling` (`pooling/pooling/protocol.py`): `/v1/embeddings`' fields plus `task`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct PoolingRequest {
     #[serde(default)]
     pub model: Option<String>,
-    pub input: EmbeddingInput,
+    #[serde(flatten)]
+    pub input: PoolingInput,
     #[serde(default)]
     pub task: Option<String>,
-    #[serde(default)]
-    pub encoding_format: EncodingFormat,
+    #[serde(flatten)]
+    pub encoding: EncodingParams,
+    /// Refused: vLLM's `/pooling` does not truncate dimensions.
     #[serde(default)]
     pub dimensions: Option<i64>,
-    #[serde(default)]
-    pub truncate_prompt_tokens: Option<i64>,
-    #[serde(default)]
-    pub truncation_side: Option<TruncationSideParam>,
-    #[serde(default)]
-    pub use_activation: Option<bool>,
-    #[serde(default = "default_true")]
-    pub add_special_tokens: bool,
+    #[serde(flatten)]
+    pub params: PoolingParamsFields,
 }
 
 fn default_true() -> bool {
@@ -163,19 +159,14 @@ pub struct PoolingResponse {
 }
 
 /// `POST /classify` (`pooling/classify/protocol.py`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ClassifyRequest {
     #[serde(default)]
     pub model: Option<String>,
-    pub input: EmbeddingInput,
-    #[serde(default)]
-    pub truncate_prompt_tokens: Option<i64>,
-    #[serde(default)]
-    pub truncation_side: Option<TruncationSideParam>,
-    #[serde(default)]
-    pub use_activation: Option<bool>,
-    #[serde(default = "default_true")]
-    pub add_special_tokens: bool,
+    #[serde(flatten)]
+    pub input: PoolingInput,
+    #[serde(flatten)]
+    pub params: PoolingParamsFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -235,12 +226,8 @@ pub struct ScoreRequest {
     pub text_1: Option<ScoreTexts>,
     #[serde(default)]
     pub text_2: Option<ScoreTexts>,
-    #[serde(default)]
-    pub truncate_prompt_tokens: Option<i64>,
-    #[serde(default)]
-    pub truncation_side: Option<TruncationSideParam>,
-    #[serde(default)]
-    pub use_activation: Option<bool>,
+    #[serde(flatten)]
+    pub params: PoolingParamsFields,
 }
 
 impl ScoreRequest {
@@ -286,12 +273,8 @@ pub struct RerankRequest {
     /// `0` (the default) = every document.
     #[serde(default)]
     pub top_n: i64,
-    #[serde(default)]
-    pub truncate_prompt_tokens: Option<i64>,
-    #[serde(default)]
-    pub truncation_side: Option<TruncationSideParam>,
-    #[serde(default)]
-    pub use_activation: Option<bool>,
+    #[serde(flatten)]
+    pub params: PoolingParamsFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

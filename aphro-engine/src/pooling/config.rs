@@ -149,6 +149,9 @@ pub struct PoolingModelConfig {
     /// `None`: `dimensions` is refused; `Some(vec![])`: any size (`is_matryoshka`);
     /// otherwise the allowed sizes (`matryoshka_dimensions`).
     pub matryoshka: Option<Vec<usize>>,
+    /// Prompt prefixes by Cohere `input_type` (vLLM: `task_instructions` of config.json, else
+    /// the `prompts` of `config_sentence_transformers.json`); empty: none defined.
+    pub task_instructions: std::collections::BTreeMap<String, String>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>, PoolingError> {
@@ -248,6 +251,21 @@ impl PoolingModelConfig {
             }
             None => None,
         };
+        let string_map = |v: Option<&Value>| -> std::collections::BTreeMap<String, String> {
+            v.and_then(Value::as_object)
+                .map(|o| {
+                    o.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut task_instructions = string_map(config.get("task_instructions"));
+        if task_instructions.is_empty() {
+            if let Some(st) = read_json(&dir.join("config_sentence_transformers.json"))? {
+                task_instructions = string_map(st.get("prompts"));
+            }
+        }
         Ok(Self {
             bert,
             task,
@@ -257,6 +275,7 @@ impl PoolingModelConfig {
             labels,
             activation,
             matryoshka,
+            task_instructions,
         })
     }
 }

@@ -23,10 +23,14 @@ use crate::model::weights::SafetensorsWeights;
 /// tokens).
 const BATCH_TOKEN_BUDGET: usize = 8192;
 
-/// One input: text (tokenized with the model's special tokens) or token ids used as given.
+/// One input: text or token ids used as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EmbedInput {
+    /// Text tokenized with the model's special tokens (`[CLS]` … `[SEP]`).
     Text(String),
+    /// Text tokenized without special tokens (vLLM's `add_special_tokens: false`, the default
+    /// for a prompt rendered from chat messages, whose template places them).
+    RawText(String),
     Tokens(Vec<u32>),
 }
 
@@ -219,42 +223,8 @@ impl<B: Backend> Embedder<B> {
         let limit = self.truncation_limit(truncate_prompt_tokens)?;
         let side = side.unwrap_or_default();
         let ids = match input {
-            EmbedInput::Text(text) => match (limit, side) {
-                (Some(n), TruncationSide::Right) => {
-                    let enc = self.encode(text)?;
-                    let added = self.added_tokens(false);
-                    if n < added {
-                        return Err(PoolingError::invalid(format!(
-                            "truncate_prompt_tokens={n} leaves no room for the model's {added} \
-                             special tokens"
-                        )));
-                    }
-                    let (enc, _) = truncate_encodings(enc, None, &right_truncation(n - added))
-                        .map_err(tok_err)?;
-                    self.post_process(enc, None)?.get_ids().to_vec()
-                }
-                (Some(n), TruncationSide::Left) => {
-                    let ids = self
-                        .post_process(self.encode(text)?, None)?
-                        .get_ids()
-                        .to_vec();
-                    keep_last(ids, n)
-                }
-                (None, _) => {
-                    let ids = self
-                        .post_process(self.encode(text)?, None)?
-                        .get_ids()
-                        .to_vec();
-                    if ids.len() > self.config.max_model_len {
-                        return Err(PoolingError::PromptTooLong {
-                            max_model_len: self.config.max_model_len,
-                            tokens: self.config.max_model_len + 1,
-                            at_least: true,
-                        });
-                    }
-                    ids
-                }
-            },
+            EmbedInput::Text(text) => self.tokenize_text(text, true, limit, side)?,
+            EmbedInput::RawText(text) => self.tokenize_text(text, false, limit, side)?,
             EmbedInput::Tokens(ids) => match (limit, side) {
                 (Some(n), TruncationSide::Right) => ids[..ids.len().min(n)].to_vec(),
                 (Some(n), TruncationSide::Left) => keep_last(ids.clone(), n),
@@ -272,6 +242,58 @@ impl<B: Backend> Embedder<B> {
         };
         self.check_ids(&ids)?;
         Ok(ids)
+    }
+
+    /// `text`'s ids with or without the special tokens, truncated to `limit` from `side`
+    /// (right: the tokenizer truncates the text and keeps the special tokens; left: the last
+    /// ids of the full tokenization), or vLLM's length error without a limit.
+    fn tokenize_text(
+        &self,
+        text: &str,
+        specials: bool,
+        limit: Option<usize>,
+        side: TruncationSide,
+    ) -> Result<Vec<u32>, PoolingError> {
+        match (limit, side) {
+            (Some(n), TruncationSide::Right) => {
+                let enc = self.encode(text)?;
+                let added = if specials {
+                    self.added_tokens(false)
+                } else {
+                    0
+                };
+                if n < added {
+                    return Err(PoolingError::invalid(format!(
+                        "truncate_prompt_tokens={n} leaves no room for the model's {added} \
+                         special tokens"
+                    )));
+                }
+                let (enc, _) =
+                    truncate_encodings(enc, None, &right_truncation(n - added)).map_err(tok_err)?;
+                Ok(self.post_process(enc, None, specials)?.get_ids().to_vec())
+            }
+            (Some(n), TruncationSide::Left) => {
+                let ids = self
+                    .post_process(self.encode(text)?, None, specials)?
+                    .get_ids()
+                    .to_vec();
+                Ok(keep_last(ids, n))
+            }
+            (None, _) => {
+                let ids = self
+                    .post_process(self.encode(text)?, None, specials)?
+                    .get_ids()
+                    .to_vec();
+                if ids.len() > self.config.max_model_len {
+                    return Err(PoolingError::PromptTooLong {
+                        max_model_len: self.config.max_model_len,
+                        tokens: self.config.max_model_len + 1,
+                        at_least: true,
+                    });
+                }
+                Ok(ids)
+            }
+        }
     }
 
     /// Embed every input (one vector each, in input order).
@@ -484,7 +506,7 @@ impl<B: Backend> Embedder<B> {
             }
             None => (q, d),
         };
-        let enc = self.post_process(q, d)?;
+        let enc = self.post_process(q, d, true)?;
         if enc.get_ids().len() > self.config.max_model_len {
             return Err(PoolingError::PromptTooLong {
                 max_model_len: self.config.max_model_len,
@@ -706,10 +728,15 @@ impl<B: Backend> Embedder<B> {
             .map_err(tok_err)
     }
 
-    fn post_process(&self, a: Encoding, b: Option<Encoding>) -> Result<Encoding, PoolingError> {
+    fn post_process(
+        &self,
+        a: Encoding,
+        b: Option<Encoding>,
+        add_special_tokens: bool,
+    ) -> Result<Encoding, PoolingError> {
         self.tokenizer
             .hf()
-            .post_process(a, b, true)
+            .post_process(a, b, add_special_tokens)
             .map_err(tok_err)
     }
 

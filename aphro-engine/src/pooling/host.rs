@@ -19,22 +19,22 @@ use crate::model::ModelError;
 
 /// Below this many multiply-adds a matmul runs on the calling thread (thread hand-off costs
 /// more than it saves on a few tokens).
-const PARALLEL_MIN_FLOPS: usize = 1 << 21;
+pub(crate) const PARALLEL_MIN_FLOPS: usize = 1 << 21;
 
 /// A dense layer: `wt = Wᵀ: [in, out]` row-major (HF's `[out, in]` transposed at load, so
 /// the GEMM reads its right-hand side with unit column stride and packs it with vector
 /// loads), and its bias.
-struct Dense {
-    wt: Vec<f32>,
-    b: Vec<f32>,
-    out: usize,
-    inp: usize,
+pub(crate) struct Dense {
+    pub(crate) wt: Vec<f32>,
+    pub(crate) b: Vec<f32>,
+    pub(crate) out: usize,
+    pub(crate) inp: usize,
 }
 
 impl Dense {
     /// `y = x Wᵀ + b (+ y)` for `x: [tokens, in]`; with `accumulate`, `y` holds the residual
     /// on entry and the bias is added to it (one pass fewer than adding it after).
-    fn apply(&self, x: &[f32], y: &mut [f32], accumulate: bool) {
+    pub(crate) fn apply(&self, x: &[f32], y: &mut [f32], accumulate: bool) {
         let tokens = x.len() / self.inp;
         debug_assert_eq!(y.len(), tokens * self.out);
         for row in y.chunks_exact_mut(self.out) {
@@ -67,15 +67,15 @@ impl Dense {
     }
 }
 
-struct LayerNorm {
-    gamma: Vec<f32>,
-    beta: Vec<f32>,
-    eps: f32,
+pub(crate) struct LayerNorm {
+    pub(crate) gamma: Vec<f32>,
+    pub(crate) beta: Vec<f32>,
+    pub(crate) eps: f32,
 }
 
 impl LayerNorm {
     /// In place over each row: two-pass mean and biased variance, as PyTorch computes them.
-    fn apply(&self, x: &mut [f32]) {
+    pub(crate) fn apply(&self, x: &mut [f32]) {
         let n = self.gamma.len();
         let norm_row = |row: &mut [f32]| {
             let mean = row.iter().sum::<f32>() / n as f32;
@@ -400,7 +400,7 @@ impl HostBertEncoder {
 }
 
 /// `m: [rows, cols]` row-major → its transpose.
-fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut t = vec![0f32; m.len()];
     for (r, row) in m.chunks_exact(cols).enumerate() {
         for (c, &v) in row.iter().enumerate() {
@@ -415,7 +415,7 @@ fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// column stride)`. With `accumulate` the result is added to what `dst` holds. Panics if a
 /// view reaches past its slice, so the `gemm` call below only touches memory it borrows.
 #[allow(unsafe_code)]
-fn gemm_strided(
+pub(crate) fn gemm_strided(
     (m, n, k): (usize, usize, usize),
     dst: (&mut [f32], usize),
     lhs: (&[f32], usize, usize),
@@ -470,7 +470,7 @@ fn gemm_strided(
 }
 
 /// The feed-forward activation in place (exact GELU through `erf`, as PyTorch's default).
-fn activate(act: HiddenAct, x: &mut [f32]) {
+pub(crate) fn activate(act: HiddenAct, x: &mut [f32]) {
     let f = |v: &mut f32| {
         let x = *v;
         *v = match act {

@@ -31,7 +31,7 @@ use aphro_core::{Model, Tokenizer};
 use futures::{Stream, StreamExt};
 use serde_json::{json, Map, Value};
 
-use crate::backend::Device;
+use crate::backend::{Device, Devices};
 use crate::engine::{Engine, EngineConfig, EngineError, GenerateStream};
 use crate::metrics::MetricsSnapshot;
 use crate::model::{load_runner, resolve_model_path, KvCacheDType, ModelDType, ModelLoadConfig};
@@ -52,8 +52,9 @@ pub struct ServingConfig {
     /// A `.gguf` file, an HF model directory, or a hub id in the local cache.
     pub model: String,
     pub dtype: ModelDType,
-    /// Where the model runs (`--device`).
-    pub device: Device,
+    /// Where the model runs (`--device`): one device for every engine, or one per
+    /// data-parallel engine (`cuda:0,cuda:1`).
+    pub device: Devices,
     /// Bytes of the paged KV cache (`--kv-cache-memory`); `None`: 256 MiB, or more when
     /// one sequence of the served context needs more.
     pub kv_cache_memory: Option<usize>,
@@ -184,7 +185,7 @@ impl Default for ServingConfig {
         Self {
             model: String::new(),
             dtype: ModelDType::Auto,
-            device: Device::Auto,
+            device: Devices::default(),
             kv_cache_memory: None,
             kv_cache_dtype: KvCacheDType::Auto,
             block_size: 16,
@@ -528,13 +529,23 @@ impl ServingEngine {
             Some(_) => 0,
             None => cfg.kv_cache_memory.unwrap_or(DEFAULT_KV_CACHE_BYTES),
         };
-        let dp = cfg.data_parallel_size;
-        if dp == 0 {
+        if cfg.data_parallel_size == 0 {
             return Err(ServingError::Load(
                 "--data-parallel-size must be at least 1".into(),
             ));
         }
-        let load = || {
+        // `auto` resolved once, so every engine lands where the first did.
+        let devices = cfg
+            .device
+            .per_engine(cfg.data_parallel_size)
+            .and_then(|list| {
+                list.into_iter()
+                    .map(crate::backend::resolve)
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|e: crate::backend::DeviceError| ServingError::Load(e.to_string()))?;
+        let dp = devices.len();
+        let load = |device: Device| {
             load_runner(&ModelLoadConfig {
                 model_path: model_path.clone(),
                 dtype: cfg.dtype,
@@ -542,12 +553,12 @@ impl ServingEngine {
                 min_cache_tokens,
                 block_size: cfg.block_size,
                 quiet: false,
-                device: cfg.device,
+                device,
                 kv_cache_dtype: cfg.kv_cache_dtype,
             })
             .map_err(|e| ServingError::Load(format!("loading {}: {e}", cfg.model)))
         };
-        let runner = load()?;
+        let runner = load(devices[0])?;
         let max_model_len = served_len(&cfg, runner.as_ref())?;
         // The tokenizer side: required for text mode; a tokens-only server still reads
         // generation_config defaults when it can.
@@ -567,15 +578,18 @@ impl ServingEngine {
             Err(_) => None,
         };
         let runner_eos = runner.info().eos_token_ids.clone();
-        // Data parallelism on the CPU: each engine gets its share of the cores (vLLM runs
-        // one engine per device; here the device is the core set).
-        let num_threads = (dp > 1).then(|| (rayon::current_num_threads() / dp).max(1));
+        // Data parallelism on the CPU: each engine on the CPU gets its share of the cores
+        // (vLLM runs one engine per device; here the device is the core set). The host
+        // side of an engine on a GPU needs little, so it keeps the shared pool.
+        let cpu_engines = devices.iter().filter(|d| **d == Device::Cpu).count();
+        let num_threads =
+            (cpu_engines > 1).then(|| (rayon::current_num_threads() / cpu_engines).max(1));
         let mut replicas = Vec::with_capacity(dp);
         let mut runner = Some(runner);
-        for rank in 0..dp {
+        for (rank, &device) in devices.iter().enumerate() {
             let runner = match runner.take() {
                 Some(r) => r,
-                None => load()?,
+                None => load(device)?,
             };
             let (kv_publisher, kv_events) = match &cfg.kv_events_config {
                 Some(kc) if kc.publishes() => {

@@ -6,7 +6,7 @@
 //! Requests are always answered non-streaming, and their `model` field is not checked (the
 //! renderer writes whatever name the client used).
 use anyhow::Context;
-use aphro_engine::backend::Device;
+use aphro_engine::backend::{Device, Devices};
 use aphro_engine::model::ModelDType;
 use aphro_engine::serving::{ServingConfig, ServingEngine, ServingStream};
 use serde_json::Value;
@@ -34,7 +34,7 @@ impl From<DType> for ModelDType {
     }
 }
 
-fn parse_device(s: &str) -> Result<Device, String> {
+fn parse_devices(s: &str) -> Result<Devices, String> {
     s.parse()
         .map_err(|e: aphro_engine::backend::DeviceError| e.to_string())
 }
@@ -53,9 +53,10 @@ pub struct EngineArgs {
     #[arg(long, value_enum)]
     pub dtype: Option<DType>,
     /// Where the model runs: `cpu`, `cuda` (`cuda:N`), or `auto` (the first CUDA GPU when
-    /// this build has the `cuda` feature and a usable driver, else the CPU).
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
-    pub device: Device,
+    /// this build has the `cuda` feature and a usable driver, else the CPU). A list
+    /// (`cuda:0,cuda:1`) runs one data-parallel engine on each device.
+    #[arg(long, default_value = "auto", value_parser = parse_devices)]
+    pub device: Devices,
     /// Token budget per engine step (prefills are chunked to fit).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
@@ -160,13 +161,18 @@ impl EngineArgs {
     }
 
     pub fn serving_config(&self, prefix_caching_default: bool) -> anyhow::Result<ServingConfig> {
-        if matches!(self.device, Device::Cuda(_)) && !aphro_engine::backend::cuda_compiled() {
+        let wants_cuda = self
+            .device
+            .as_slice()
+            .iter()
+            .any(|d| matches!(d, Device::Cuda(_)));
+        if wants_cuda && !aphro_engine::backend::cuda_compiled() {
             return Err(aphro_engine::backend::DeviceError::CudaNotCompiled.into());
         }
         Ok(ServingConfig {
             model: self.model()?,
             dtype: self.effective_dtype().into(),
-            device: self.device,
+            device: self.device.clone(),
             kv_cache_memory: self.kv_cache_memory,
             kv_cache_dtype: self.kv_cache_dtype,
             block_size: self.block_size,

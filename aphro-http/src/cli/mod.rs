@@ -17,6 +17,7 @@ pub mod render;
 pub mod serve;
 pub mod server_args;
 pub mod tokenize;
+pub mod transcribe;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,6 +56,8 @@ pub enum Command {
     Bench(bench::Args),
     /// Embed `/v1/embeddings` bodies (or a JSONL batch) on a pooling model, offline.
     Embed(embed::Args),
+    /// Transcribe an audio file (WAV, FLAC, MP3, Ogg Vorbis) on a speech model, offline.
+    Transcribe(transcribe::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -73,5 +76,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Embed(args) => embed::run(args),
+        Command::Transcribe(args) => transcribe::run(args),
     }
 }

@@ -1,7 +1,8 @@
 //! `aphro serve [MODEL]`: the integrated server (OpenAI API + render, derender, generate), or
 //! with `--tokens-only` the token-in/token-out engine alone (no tokenizer is loaded).
 //! Without MODEL it serves the embedded default model. A pooling model (`--runner pooling`,
-//! or detected from the folder) serves `/v1/embeddings` instead.
+//! or detected from the folder) serves `/v1/embeddings` instead; a speech model (a Whisper
+//! folder, detected) serves `/v1/audio/transcriptions` and `/v1/audio/translations`.
 use super::generate::EngineArgs;
 use super::server_args::{FrontendArgs, ServerArgs};
 use crate::server::{self, AppState, Role};
@@ -32,6 +33,13 @@ pub struct Args {
     /// `modules.json` or a BERT architecture in `config.json`, generate otherwise.
     #[arg(long, value_enum, default_value_t = Runner::Auto)]
     pub runner: Runner,
+    /// Speech models: the longest audio a request may carry, in seconds (longer uploads are
+    /// a 400). Default: no limit beyond the upload size (`VLLM_MAX_AUDIO_CLIP_FILESIZE_MB`).
+    #[arg(long, value_name = "SECONDS")]
+    pub max_audio_duration: Option<f64>,
+    /// Speech models: threads the model computes on (default: every core).
+    #[arg(long, value_name = "N")]
+    pub speech_threads: Option<usize>,
     #[command(flatten)]
     pub server: ServerArgs,
     #[command(flatten)]
@@ -75,7 +83,21 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
                 .is_ok_and(|dir| aphro_engine::pooling::is_pooling_model(&dir))
         }),
     };
-    let role = if pooling {
+    // `--runner auto` serves a Whisper folder as a speech model.
+    let speech = args.runner == Runner::Auto
+        && args.engine.model.as_deref().is_some_and(|m| {
+            aphro_engine::model::resolve_model_path(std::path::Path::new(m))
+                .is_ok_and(|dir| aphro_engine::speech::Transcriber::is_speech_model(&dir))
+        });
+    let role = if speech {
+        if args.tokens_only || args.enable_scale_out || args.launch_kobold_api {
+            anyhow::bail!(
+                "a speech model serves the audio routes only: --tokens-only, \
+                 --enable-scale-out and --launch-kobold-api do not apply"
+            );
+        }
+        Role::Speech
+    } else if pooling {
         if args.tokens_only || args.enable_scale_out || args.launch_kobold_api {
             anyhow::bail!(
                 "a pooling model serves the pooling routes only: --tokens-only, \
@@ -88,9 +110,19 @@ pub fn build_state(mut args: Args) -> anyhow::Result<AppState> {
     } else {
         Role::Full
     };
-    let server = args
+    let mut builder = args
         .server
-        .builder(role, args.engine.model.clone(), &args.frontend)?
+        .builder(role, args.engine.model.clone(), &args.frontend)?;
+    if let Some(s) = args.max_audio_duration {
+        if !(s.is_finite() && s > 0.0) {
+            anyhow::bail!("--max-audio-duration must be a positive number of seconds");
+        }
+        builder = builder.max_audio_duration(s);
+    }
+    if let Some(n) = args.speech_threads {
+        builder = builder.speech_threads(n.max(1));
+    }
+    let server = builder
         .engine(args.engine.serving_config(true)?)
         .dtype(args.engine.effective_dtype().into())
         .enable_scale_out(args.enable_scale_out)

@@ -210,6 +210,8 @@ pub struct ServerBuilder {
     launch_kobold_api: bool,
     base_path: Option<String>,
     docs: bool,
+    speech_threads: Option<usize>,
+    upload_limits: aphro_engine::transcription::UploadLimits,
 }
 
 impl Default for ServerBuilder {
@@ -231,6 +233,11 @@ impl Default for ServerBuilder {
             launch_kobold_api: false,
             base_path: None,
             docs: true,
+            speech_threads: None,
+            upload_limits: aphro_engine::transcription::UploadLimits {
+                max_filesize_mb: aphro_engine::transcription::max_filesize_mb_from_env(),
+                max_duration_s: None,
+            },
         }
     }
 }
@@ -333,6 +340,24 @@ impl ServerBuilder {
         self
     }
 
+    /// Threads a speech model (`Role::Speech`) computes on (default: every core).
+    pub fn speech_threads(mut self, threads: usize) -> Self {
+        self.speech_threads = Some(threads);
+        self
+    }
+
+    /// The longest audio `Role::Speech` accepts per request (`--max-audio-duration`).
+    pub fn max_audio_duration(mut self, seconds: f64) -> Self {
+        self.upload_limits.max_duration_s = Some(seconds);
+        self
+    }
+
+    /// The largest upload in MiB (default: `VLLM_MAX_AUDIO_CLIP_FILESIZE_MB`, else 25).
+    pub fn max_audio_filesize_mb(mut self, mb: f64) -> Self {
+        self.upload_limits.max_filesize_mb = mb;
+        self
+    }
+
     /// Serve `/openapi.json` and `/docs` (default: on).
     pub fn docs(mut self, on: bool) -> Self {
         self.docs = on;
@@ -395,7 +420,30 @@ impl ServerBuilder {
                     .with_context(|| format!("loading pooling model `{spec}`"))?
                     .with_served_name(served[0].clone());
                 settings.max_model_len = embedder.max_model_len();
-                AppState::new(settings).with_embedder(Arc::new(embedder))
+                // Chat `messages` of the pooling routes render through the chat template
+                // with the server's template flags, as the text routes do.
+                let model = Arc::new(front.load_model(&spec)?);
+                let renderer = front.renderer(model, &served, Some(embedder.max_model_len()))?;
+                AppState::new(settings)
+                    .with_embedder(Arc::new(embedder))
+                    .with_renderer(Arc::new(renderer))
+            }
+            Role::Speech => {
+                use aphro_engine::speech::{Transcriber, TranscriberConfig};
+                let dir = aphro_engine::model::resolve_model_path(std::path::Path::new(&spec))?;
+                let transcriber = Transcriber::load(
+                    &dir,
+                    TranscriberConfig {
+                        num_threads: self.speech_threads,
+                    },
+                )
+                .with_context(|| format!("loading speech model `{spec}`"))?;
+                // vLLM reports the decoder's context as the model length.
+                settings.max_model_len = transcriber.info().max_target_positions;
+                AppState::new(settings).with_speech(Arc::new(super::audio::SpeechServing::new(
+                    Arc::new(transcriber),
+                    self.upload_limits,
+                )))
             }
             Role::Full | Role::TokensOnly => {
                 let tokens_only = self.role == Role::TokensOnly;

@@ -11,6 +11,7 @@
 //! # }
 //! ```
 pub mod anthropic;
+pub mod audio;
 pub mod builder;
 mod common;
 pub mod engine;
@@ -45,6 +46,9 @@ pub enum Role {
     /// A pooling model (`--runner pooling`): the pooling routes its task allows (see
     /// [`pooling::PoolingRoutes`]) plus the common routes.
     Pooling,
+    /// A speech-to-text model (Whisper): `/v1/audio/transcriptions`, `/v1/audio/translations`
+    /// plus the common routes.
+    Speech,
 }
 
 /// Settings shared by every role.
@@ -109,6 +113,8 @@ pub struct AppState {
     pub kobold: Option<Arc<aphro_engine::kobold::KoboldServing>>,
     /// The pooling model of `Role::Pooling`.
     pub embedder: Option<Arc<aphro_engine::pooling::Embedder>>,
+    /// The speech model of `Role::Speech`.
+    pub speech: Option<Arc<audio::SpeechServing>>,
 }
 
 /// Runs CPU-bound request work (render, tokenize, derender) at most one job per core at a
@@ -200,6 +206,11 @@ impl AppState {
         self
     }
 
+    pub fn with_speech(mut self, speech: Arc<audio::SpeechServing>) -> Self {
+        self.speech = Some(speech);
+        self
+    }
+
     pub fn with_embedder(mut self, embedder: Arc<aphro_engine::pooling::Embedder>) -> Self {
         self.embedder = Some(embedder);
         self
@@ -233,6 +244,7 @@ impl AppState {
             cpu: Arc::new(CpuGate::per_core()),
             kobold: None,
             embedder: None,
+            speech: None,
         }
     }
 
@@ -271,6 +283,7 @@ fn role_routes(
             }
         }
         Role::Pooling => app = app.merge(pooling::routes(pooling_routes)),
+        Role::Speech => app = app.merge(audio::routes()),
         Role::Full => {
             app = app
                 .merge(render::utility_routes())
@@ -633,7 +646,12 @@ mod tests {
         .concat();
         // (role, --launch-kobold-api, the (method, path) pairs it documents)
         type Case<'a> = (Role, bool, Vec<(&'a str, &'a str)>);
-        let cases: [Case<'_>; 4] = [
+        let audio = [
+            ("POST", "/v1/audio/transcriptions"),
+            ("POST", "/v1/audio/translations"),
+        ];
+        let cases: [Case<'_>; 5] = [
+            (Role::Speech, false, [&common[..], &audio[..]].concat()),
             (
                 Role::Render,
                 false,

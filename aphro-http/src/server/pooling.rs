@@ -8,20 +8,22 @@ use super::{unix_now, AppState};
 use crate::error::{json_response, ApiError};
 use crate::extract::JsonBody;
 use aphro_core::protocol::{
-    random_request_id, ClassificationData, ClassificationResponse, ClassifyRequest,
+    encode_bytes, random_request_id, vector_bytes, BytesMetadata, BytesUsage,
+    ChatCompletionRequest, ClassificationData, ClassificationResponse, ClassifyRequest,
     CohereApiVersion, CohereBilledUnits, CohereEmbedRequest, CohereEmbedResponse,
     CohereEmbeddingType, CohereEmbeddings, CohereMeta, CohereTruncate, EmbedDType, EmbeddingData,
     EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingVector, EncodingFormat,
-    Endianness, PoolingData, PoolingRequest, PoolingResponse, PoolingUsage, RerankDocument,
-    RerankRequest, RerankResponse, RerankResultData, RerankUsage, ScoreData, ScoreRequest,
-    ScoreResponse, TruncationSideParam,
+    EncodingParams, Endianness, PoolingData, PoolingInput, PoolingParamsFields, PoolingRequest,
+    PoolingResponse, PoolingUsage, RerankDocument, RerankRequest, RerankResponse, RerankResultData,
+    RerankUsage, ScoreData, ScoreRequest, ScoreResponse, TruncationSideParam,
 };
+use aphro_core::Renderer;
 use aphro_engine::pooling::{
     EmbedInput, EmbedOptions, Embedder, PoolingError, PoolingTask, ScoreOptions, TruncationSide,
 };
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use std::sync::Arc;
 use utoipa_axum::router::OpenApiRouter;
@@ -119,32 +121,19 @@ fn pooling_model(state: &AppState, requested: Option<&str>) -> Result<String, Ap
 
 /// Standard base64 (with padding) of `bytes`.
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
-            if i <= chunk.len() {
-                out.push(ALPHABET[((n >> shift) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use ::base64::Engine as _;
+    ::base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// vLLM's `/v1/embeddings` (completion-style input): one vector per input, as floats or as
-/// base64 of little-endian float32 bytes.
+/// vLLM's `/v1/embeddings`: one vector per input (or one per chat), as floats, as base64 of
+/// its bytes, or as a raw `bytes` / `bytes_only` body.
 #[utoipa::path(post, path = "/v1/embeddings", tag = "pooling",
     request_body = EmbeddingRequest,
     responses(
-    (status = 200, description = "One embedding per input, in input order.", body = EmbeddingResponse),
+    (status = 200, description = "One embedding per input, in input order (`encoding_format` `bytes` / `bytes_only`: every vector's raw bytes back to back; `bytes` adds the `metadata` header).", content(
+        (EmbeddingResponse = "application/json"),
+        (Vec<u8> = "application/octet-stream"),
+    )),
     (status = 400, description = "Invalid request (over-long input without truncation, `dimensions` on a non-Matryoshka model, ...).", body = super::openapi::ErrorResponse),
     (status = 401, description = "Missing or wrong API key.", body = super::openapi::UnauthorizedResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
@@ -160,74 +149,210 @@ async fn embeddings(
         pooling_model(&state, req.model.as_deref())?
     };
     let embedder = embedder(&state)?.clone();
+    let renderer = state.renderer.clone();
     let id = response_id(&headers, "embd");
-    let resp = tokio::task::spawn_blocking(move || embed_body(&embedder, model, id, &body))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    Ok(json_response(StatusCode::OK, &resp))
+    let out = tokio::task::spawn_blocking(move || {
+        embed_body(&embedder, renderer.as_deref(), model, id, &body)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(match out {
+        EmbedOutput::Json(resp) => json_response(StatusCode::OK, &resp),
+        EmbedOutput::Bytes { body, metadata } => bytes_response(body, metadata.as_ref()),
+    })
+}
+
+/// A `/v1/embeddings` or `/pooling` answer: JSON, or vLLM's binary body.
+pub enum EmbedOutput<T = EmbeddingResponse> {
+    Json(T),
+    /// `bytes` / `bytes_only`: the vectors' bytes and, for `bytes`, the `metadata` header.
+    Bytes {
+        body: Vec<u8>,
+        metadata: Option<BytesMetadata>,
+    },
 }
 
 /// One `/v1/embeddings` body (already checked for its `model`) → the response `model` and
 /// `id` name: the route's work, shared with `aphro embed`. Blocking (a forward pass).
+/// `renderer` renders chat `messages` (without one they are refused as vLLM refuses a
+/// model without a chat template).
 pub fn embed_body(
     embedder: &Embedder,
+    renderer: Option<&Renderer>,
     model: String,
     id: String,
     body: &Value,
-) -> Result<EmbeddingResponse, ApiError> {
+) -> Result<EmbedOutput, ApiError> {
     let req: EmbeddingRequest = aphro_core::validation::from_body(body)?;
-    refuse_unsupported(req.encoding_format, req.add_special_tokens)?;
-    if matches!(req.embed_dtype, EmbedDType::Fp8E4m3 | EmbedDType::Fp8E5m2) {
-        return Err(ApiError::bad_request(format!(
-            "embed_dtype {:?} is not supported by this server (float32, float16, bfloat16)",
-            req.embed_dtype
-        ))
-        .with_param("embed_dtype"));
-    }
-    let inputs = embed_inputs(req.input);
+    let inputs = pooling_inputs(req.input, renderer)?;
     let opts = EmbedOptions {
-        truncate_prompt_tokens: req.truncate_prompt_tokens,
-        truncation_side: side(req.truncation_side),
+        truncate_prompt_tokens: req.params.truncate_prompt_tokens,
+        truncation_side: side(req.params.truncation_side),
         dimensions: req.dimensions,
-        use_activation: req.use_activation,
+        use_activation: req.params.use_activation,
     };
     let out = embedder.embed(&inputs, &opts)?;
-    let encode = |v: Vec<f32>| match req.encoding_format {
-        EncodingFormat::Base64 => {
-            EmbeddingVector::Base64(base64(&vector_bytes(&v, req.embed_dtype, req.endianness)))
-        }
-        _ => EmbeddingVector::Float(v),
-    };
     let prompt_tokens: usize = out.iter().map(|e| e.prompt_tokens).sum();
-    let data = out
-        .into_iter()
-        .enumerate()
-        .map(|(index, e)| EmbeddingData {
-            index,
-            object: "embedding".into(),
-            embedding: encode(e.embedding),
-        })
-        .collect();
-    Ok(EmbeddingResponse {
+    let vectors: Vec<Vec<f32>> = out.into_iter().map(|e| e.embedding).collect();
+    Ok(encode_vectors(
+        vectors,
+        prompt_tokens,
+        req.encoding,
         id,
-        object: "list".into(),
-        created: unix_now(),
         model,
-        data,
-        usage: PoolingUsage::prompt(prompt_tokens as u64),
-    })
+        |data, usage, id, model| EmbeddingResponse {
+            id,
+            object: "list".into(),
+            created: unix_now(),
+            model,
+            data: data
+                .into_iter()
+                .enumerate()
+                .map(|(index, embedding)| EmbeddingData {
+                    index,
+                    object: "embedding".into(),
+                    embedding,
+                })
+                .collect(),
+            usage,
+        },
+    ))
 }
+
+/// The vectors of a `/v1/embeddings` or `/pooling` request in its `encoding_format`
+/// (vLLM's `encode_pooling_output_*` and `encode_pooling_bytes`); `json` builds the JSON
+/// response from the encoded vectors.
+fn encode_vectors<T>(
+    vectors: Vec<Vec<f32>>,
+    prompt_tokens: usize,
+    enc: EncodingParams,
+    id: String,
+    model: String,
+    json: impl FnOnce(Vec<EmbeddingVector>, PoolingUsage, String, String) -> T,
+) -> EmbedOutput<T> {
+    let usage = PoolingUsage::prompt(prompt_tokens as u64);
+    match enc.encoding_format {
+        EncodingFormat::Float => EmbedOutput::Json(json(
+            vectors.into_iter().map(EmbeddingVector::Float).collect(),
+            usage,
+            id,
+            model,
+        )),
+        EncodingFormat::Base64 => EmbedOutput::Json(json(
+            vectors
+                .iter()
+                .map(|v| {
+                    EmbeddingVector::Base64(base64(&vector_bytes(
+                        v,
+                        enc.embed_dtype,
+                        enc.endianness,
+                    )))
+                })
+                .collect(),
+            usage,
+            id,
+            model,
+        )),
+        EncodingFormat::Bytes | EncodingFormat::BytesOnly => {
+            let (body, items) = encode_bytes(&vectors, enc.embed_dtype, enc.endianness);
+            let metadata = (enc.encoding_format == EncodingFormat::Bytes).then(|| BytesMetadata {
+                id,
+                created: unix_now(),
+                model,
+                data: items,
+                usage: BytesUsage {
+                    prompt_tokens: prompt_tokens as u64,
+                    total_tokens: prompt_tokens as u64,
+                },
+            });
+            EmbedOutput::Bytes { body, metadata }
+        }
+    }
+}
+
+/// vLLM's binary answer: `application/octet-stream`, and the `metadata` header (JSON, with
+/// non-ASCII escaped as Python's `json.dumps` does, so it is a valid header value).
+fn bytes_response(body: Vec<u8>, metadata: Option<&BytesMetadata>) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Some(m) = metadata {
+        let json = serde_json::to_string(m).unwrap_or_default();
+        let mut ascii = String::with_capacity(json.len());
+        for c in json.chars() {
+            if c.is_ascii() {
+                ascii.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    ascii.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&ascii) {
+            headers.insert("metadata", v);
+        }
+    }
+    resp
+}
+
+/// The inputs of a completion-style or chat request. A chat is rendered through the chat
+/// template into one prompt, tokenized without special tokens unless the request adds them
+/// (vLLM's `ChatRequestMixin`).
+fn pooling_inputs(
+    input: PoolingInput,
+    renderer: Option<&Renderer>,
+) -> Result<Vec<EmbedInput>, ApiError> {
+    let text = |s: String, specials: bool| {
+        if specials {
+            EmbedInput::Text(s)
+        } else {
+            EmbedInput::RawText(s)
+        }
+    };
+    match input {
+        PoolingInput::Completion(c) => Ok(match c.input {
+            EmbeddingInput::Text(s) => vec![text(s, c.add_special_tokens)],
+            EmbeddingInput::Texts(v) => v
+                .into_iter()
+                .map(|s| text(s, c.add_special_tokens))
+                .collect(),
+            EmbeddingInput::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
+            EmbeddingInput::TokenBatch(v) => v.into_iter().map(EmbedInput::Tokens).collect(),
+        }),
+        PoolingInput::Chat(chat) => {
+            let req = ChatCompletionRequest {
+                messages: chat.messages,
+                add_generation_prompt: Some(chat.add_generation_prompt),
+                continue_final_message: chat.continue_final_message,
+                chat_template: chat.chat_template,
+                chat_template_kwargs: chat.chat_template_kwargs,
+                ..ChatCompletionRequest::default()
+            };
+            let renderer = renderer.ok_or_else(|| ApiError::bad_request(NO_CHAT_TEMPLATE))?;
+            let rendered = renderer.render_chat_prompt(&req)?;
+            Ok(vec![text(rendered.prompt, chat.add_special_tokens)])
+        }
+    }
+}
+
+/// vLLM's refusal of chat input on a model without a chat template.
+const NO_CHAT_TEMPLATE: &str = "As of transformers v4.44, default chat template is no longer \
+     allowed, so you must provide a chat template if the tokenizer does not define one.";
 
 /// Runs a pooling call on the blocking pool. Not behind the server's per-core gate: concurrent
 /// calls must reach the Embedder together, whose batcher runs them in shared forward passes
 /// (one at a time), so throughput grows with concurrency.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, PoolingError> + Send + 'static,
+async fn blocking<T: Send + 'static, E: Into<ApiError> + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::from)
+        .map_err(Into::into)
 }
 
 fn side(s: Option<TruncationSideParam>) -> Option<TruncationSide> {
@@ -237,15 +362,6 @@ fn side(s: Option<TruncationSideParam>) -> Option<TruncationSide> {
     })
 }
 
-fn embed_inputs(input: EmbeddingInput) -> Vec<EmbedInput> {
-    match input {
-        EmbeddingInput::Text(s) => vec![EmbedInput::Text(s)],
-        EmbeddingInput::Texts(v) => v.into_iter().map(EmbedInput::Text).collect(),
-        EmbeddingInput::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
-        EmbeddingInput::TokenBatch(v) => v.into_iter().map(EmbedInput::Tokens).collect(),
-    }
-}
-
 fn response_id(headers: &HeaderMap, prefix: &str) -> String {
     match header_request_id(headers) {
         Some(h) => format!("{prefix}-{h}"),
@@ -253,73 +369,8 @@ fn response_id(headers: &HeaderMap, prefix: &str) -> String {
     }
 }
 
-fn refuse_unsupported(format: EncodingFormat, add_special_tokens: bool) -> Result<(), ApiError> {
-    match format {
-        EncodingFormat::Float | EncodingFormat::Base64 => {}
-        other => {
-            return Err(ApiError::bad_request(format!(
-                "encoding_format {other:?} is not supported by this server (float, base64)"
-            ))
-            .with_param("encoding_format"))
-        }
-    }
-    if !add_special_tokens {
-        return Err(ApiError::bad_request(
-            "add_special_tokens=false is not supported by this server",
-        )
-        .with_param("add_special_tokens"));
-    }
-    Ok(())
-}
-
-/// vLLM's `tensor2binary`: the vector cast to `dtype` (round to nearest even, as torch
-/// casts), its raw bytes in `endianness` order (`native`: this machine's).
-fn vector_bytes(v: &[f32], dtype: EmbedDType, endianness: Endianness) -> Vec<u8> {
-    let big = match endianness {
-        Endianness::Big => true,
-        Endianness::Little => false,
-        Endianness::Native => cfg!(target_endian = "big"),
-    };
-    let mut out = Vec::with_capacity(v.len() * 4);
-    for &x in v {
-        match dtype {
-            EmbedDType::Float16 => {
-                let h = half::f16::from_f32(x);
-                out.extend(if big {
-                    h.to_be_bytes()
-                } else {
-                    h.to_le_bytes()
-                });
-            }
-            EmbedDType::Bfloat16 => {
-                let h = half::bf16::from_f32(x);
-                out.extend(if big {
-                    h.to_be_bytes()
-                } else {
-                    h.to_le_bytes()
-                });
-            }
-            // fp8 is refused before the forward pass.
-            _ => out.extend(if big {
-                x.to_be_bytes()
-            } else {
-                x.to_le_bytes()
-            }),
-        }
-    }
-    out
-}
-
 fn le_f32_base64(v: &[f32]) -> String {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    base64(&bytes)
-}
-
-fn vector(v: Vec<f32>, format: EncodingFormat) -> EmbeddingVector {
-    match format {
-        EncodingFormat::Base64 => EmbeddingVector::Base64(le_f32_base64(&v)),
-        _ => EmbeddingVector::Float(v),
-    }
+    base64(&vector_bytes(v, EmbedDType::Float32, Endianness::Little))
 }
 
 /// Cohere's packed sign bits (`v >= 0` → 1), MSB first, 8 per byte; `signed`: `byte - 128`.
@@ -393,12 +444,30 @@ async fn cohere_embed(
             "One of texts, images, or inputs must be provided",
         ));
     };
-    if let Some(t) = &req.input_type {
-        return Err(ApiError::bad_request(format!(
-            "Unsupported input_type '{t}'. This model does not define any input_type task \
-             instructions."
-        )));
-    }
+    // `input_type` picks a prompt prefix of the model (vLLM prepends it to each text; a
+    // model with a chat template would get it as a system message instead).
+    let prefix = match &req.input_type {
+        None => None,
+        Some(t) => {
+            let instructions = &embedder.config().task_instructions;
+            if instructions.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "Unsupported input_type '{t}'. This model does not define any input_type \
+                     task instructions."
+                )));
+            }
+            match instructions.get(t) {
+                Some(p) => Some(p.clone()).filter(|p| !p.is_empty()),
+                None => {
+                    let supported: Vec<&str> = instructions.keys().map(String::as_str).collect();
+                    return Err(ApiError::bad_request(format!(
+                        "Unsupported input_type '{t}'. Supported values: {}",
+                        supported.join(", ")
+                    )));
+                }
+            }
+        }
+    };
     let (truncate_prompt_tokens, truncation_side) = match req.truncate {
         CohereTruncate::End => (Some(req.max_tokens.unwrap_or(-1)), TruncationSide::Right),
         CohereTruncate::Start => (Some(req.max_tokens.unwrap_or(-1)), TruncationSide::Left),
@@ -414,7 +483,13 @@ async fn cohere_embed(
         dimensions: req.output_dimension,
         use_activation: None,
     };
-    let inputs: Vec<EmbedInput> = texts.iter().cloned().map(EmbedInput::Text).collect();
+    let inputs: Vec<EmbedInput> = texts
+        .iter()
+        .map(|t| match &prefix {
+            Some(p) => EmbedInput::Text(format!("{p}{t}")),
+            None => EmbedInput::Text(t.clone()),
+        })
+        .collect();
     let max_tokens = match req.truncate {
         CohereTruncate::None => req.max_tokens,
         _ => None,
@@ -477,11 +552,14 @@ async fn cohere_embed(
 }
 
 /// vLLM's `/pooling`: the model's pooled output per input (the embedding of an embedding
-/// model, the class probabilities of a classifier).
+/// model, the class probabilities of a classifier), in any `encoding_format`.
 #[utoipa::path(post, path = "/pooling", tag = "pooling",
     request_body = PoolingRequest,
     responses(
-    (status = 200, description = "One pooled output per input, in input order.", body = PoolingResponse),
+    (status = 200, description = "One pooled output per input, in input order (`encoding_format` `bytes` / `bytes_only`: the raw bytes, as `/v1/embeddings`).", content(
+        (PoolingResponse = "application/json"),
+        (Vec<u8> = "application/octet-stream"),
+    )),
     (status = 400, description = "Invalid request (`dimensions`, another task, over-long input, ...).", body = super::openapi::ErrorResponse),
     (status = 404, description = "Unknown `model`.", body = super::openapi::ErrorResponse),
 ))]
@@ -507,53 +585,70 @@ async fn pooling(
             "Unsupported task: '{t}' Supported tasks: ('{task}',)"
         )));
     }
-    refuse_unsupported(req.encoding_format, req.add_special_tokens)?;
-    let inputs = embed_inputs(req.input);
-    let truncation_side = side(req.truncation_side);
-    let (truncate_prompt_tokens, use_activation) = (req.truncate_prompt_tokens, req.use_activation);
-    let out: Vec<(Vec<f32>, usize)> = blocking(move || {
-        if embedder.config().task == PoolingTask::Embed {
+    let renderer = state.renderer.clone();
+    let id = response_id(&headers, "pooling");
+    let params = req.params;
+    let encoding = req.encoding;
+    let input = req.input;
+    let out = blocking(move || {
+        let inputs = pooling_inputs(input, renderer.as_deref())?;
+        let pooled: Vec<(Vec<f32>, usize)> = if embedder.config().task == PoolingTask::Embed {
             let opts = EmbedOptions {
-                truncate_prompt_tokens,
-                truncation_side,
+                truncate_prompt_tokens: params.truncate_prompt_tokens,
+                truncation_side: side(params.truncation_side),
                 dimensions: None,
-                use_activation,
+                use_activation: params.use_activation,
             };
             embedder.embed(&inputs, &opts).map(|v| {
                 v.into_iter()
                     .map(|e| (e.embedding, e.prompt_tokens))
                     .collect()
-            })
+            })?
         } else {
-            let opts = ScoreOptions {
-                truncate_prompt_tokens,
-                truncation_side,
-                use_activation,
-            };
             embedder
-                .classify(&inputs, &opts)
-                .map(|v| v.into_iter().map(|c| (c.probs, c.prompt_tokens)).collect())
-        }
+                .classify(&inputs, &score_options(&params))
+                .map(|v| v.into_iter().map(|c| (c.probs, c.prompt_tokens)).collect())?
+        };
+        let prompt_tokens = pooled.iter().map(|(_, n)| n).sum();
+        let vectors = pooled.into_iter().map(|(v, _)| v).collect();
+        Ok::<_, ApiError>(encode_vectors(
+            vectors,
+            prompt_tokens,
+            encoding,
+            id,
+            model,
+            |data, usage, id, model| PoolingResponse {
+                id,
+                object: "list".into(),
+                created: unix_now(),
+                model,
+                data: data
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, data)| PoolingData {
+                        index,
+                        object: "pooling".into(),
+                        data,
+                    })
+                    .collect(),
+                usage,
+            },
+        ))
     })
     .await?;
-    let prompt_tokens: usize = out.iter().map(|(_, n)| n).sum();
-    let resp = PoolingResponse {
-        id: response_id(&headers, "pooling"),
-        object: "list".into(),
-        created: unix_now(),
-        model,
-        data: out
-            .into_iter()
-            .enumerate()
-            .map(|(index, (v, _))| PoolingData {
-                index,
-                object: "pooling".into(),
-                data: vector(v, req.encoding_format),
-            })
-            .collect(),
-        usage: PoolingUsage::prompt(prompt_tokens as u64),
-    };
-    Ok(json_response(StatusCode::OK, &resp))
+    Ok(match out {
+        EmbedOutput::Json(resp) => json_response(StatusCode::OK, &resp),
+        EmbedOutput::Bytes { body, metadata } => bytes_response(body, metadata.as_ref()),
+    })
+}
+
+/// The truncation and activation fields as the engine takes them.
+fn score_options(p: &PoolingParamsFields) -> ScoreOptions {
+    ScoreOptions {
+        truncate_prompt_tokens: p.truncate_prompt_tokens,
+        truncation_side: side(p.truncation_side),
+        use_activation: p.use_activation,
+    }
 }
 
 /// vLLM's `/classify` on a sequence-classification model.
@@ -572,14 +667,14 @@ async fn classify(
     let req: ClassifyRequest = aphro_core::validation::from_body(&body)?;
     let model = pooling_model(&state, req.model.as_deref())?;
     let embedder = embedder(&state)?.clone();
-    refuse_unsupported(EncodingFormat::Float, req.add_special_tokens)?;
-    let inputs = embed_inputs(req.input);
-    let opts = ScoreOptions {
-        truncate_prompt_tokens: req.truncate_prompt_tokens,
-        truncation_side: side(req.truncation_side),
-        use_activation: req.use_activation,
-    };
-    let out = blocking(move || embedder.classify(&inputs, &opts)).await?;
+    let renderer = state.renderer.clone();
+    let opts = score_options(&req.params);
+    let input = req.input;
+    let out = blocking(move || {
+        let inputs = pooling_inputs(input, renderer.as_deref())?;
+        embedder.classify(&inputs, &opts).map_err(ApiError::from)
+    })
+    .await?;
     let prompt_tokens: usize = out.iter().map(|c| c.prompt_tokens).sum();
     let resp = ClassificationResponse {
         id: response_id(&headers, "classify"),
@@ -615,11 +710,7 @@ async fn score_impl(
              text_1/text_2 is required",
         )
     })?;
-    let opts = ScoreOptions {
-        truncate_prompt_tokens: req.truncate_prompt_tokens,
-        truncation_side: side(req.truncation_side),
-        use_activation: req.use_activation,
-    };
+    let opts = score_options(&req.params);
     let out = blocking(move || embedder.score(&queries, &documents, &opts)).await?;
     let resp = ScoreResponse {
         id: response_id(&headers, "score"),
@@ -690,11 +781,7 @@ async fn rerank_impl(
         );
     }
     let documents = req.documents.into_vec();
-    let opts = ScoreOptions {
-        truncate_prompt_tokens: req.truncate_prompt_tokens,
-        truncation_side: side(req.truncation_side),
-        use_activation: req.use_activation,
-    };
+    let opts = score_options(&req.params);
     let top_n = req.top_n as usize;
     let query = req.query;
     let docs = documents.clone();
@@ -775,22 +862,28 @@ async fn rerank_v2(
 
 #[cfg(test)]
 mod tests {
-    use super::base64;
+    use super::*;
 
     #[test]
-    fn base64_matches_rfc4648() {
-        let cases = [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ];
-        for (raw, enc) in cases {
-            assert_eq!(base64(raw.as_bytes()), enc);
-        }
-        assert_eq!(base64(&[0xff, 0xfe, 0x00]), "//4A");
+    fn bytes_metadata_header_is_ascii_json() {
+        let meta = BytesMetadata {
+            id: "embd-1".into(),
+            created: 7,
+            model: "modèle".into(),
+            data: Vec::new(),
+            usage: BytesUsage {
+                prompt_tokens: 1,
+                total_tokens: 1,
+            },
+        };
+        let resp = bytes_response(vec![1, 2], Some(&meta));
+        let h = resp.headers()["metadata"].to_str().expect("ascii header");
+        assert!(h.contains("mod\\u00e8le"), "{h}");
+        let back: BytesMetadata = serde_json::from_str(h).expect("json");
+        assert_eq!(back, meta);
+        assert_eq!(
+            resp.headers()[header::CONTENT_TYPE],
+            "application/octet-stream"
+        );
     }
 }

@@ -1,0 +1,97 @@
+//! `aphro.Transcriber`: speech to text on a Whisper folder, the same decode, options and
+//! response bodies as `/v1/audio/transcriptions` (`aphro_engine::transcription`).
+use aphro_core::audio::format::ResponseFormat;
+use aphro_engine::speech::{TranscribeOptions, Transcriber, TranscriberConfig};
+use aphro_engine::transcription::{
+    decode_upload, render, TranscriptionBody, TranscriptionError, UploadLimits,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+use std::path::Path;
+
+fn error(py: Python<'_>, e: &TranscriptionError) -> PyErr {
+    let status = e.status();
+    let kind = if status == 400 {
+        "BadRequestError"
+    } else {
+        "InternalServerError"
+    };
+    crate::errors::make(py, &e.to_string(), status, kind, e.param())
+}
+
+/// A loaded speech model (Whisper). Thread-safe; calls release the GIL.
+#[pyclass(module = "aphro", name = "Transcriber", frozen)]
+pub struct PyTranscriber {
+    inner: Transcriber,
+}
+
+#[pymethods]
+impl PyTranscriber {
+    /// Loads the Whisper folder `model_dir`; `num_threads` = the threads the model computes
+    /// on (default: every core).
+    #[new]
+    #[pyo3(signature = (model_dir, num_threads=None))]
+    fn new(
+        py: Python<'_>,
+        model_dir: std::path::PathBuf,
+        num_threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let inner = py
+            .detach(|| Transcriber::load(Path::new(&model_dir), TranscriberConfig { num_threads }))
+            .map_err(|e| error(py, &TranscriptionError::from(e)))?;
+        Ok(PyTranscriber { inner })
+    }
+
+    /// Transcribes `audio` (a file path, or the file's bytes: WAV, FLAC, MP3, Ogg Vorbis).
+    /// Returns what the HTTP route's body holds: a dict for `json` / `verbose_json`, a str
+    /// for `text`, `srt` and `vtt`.
+    #[pyo3(signature = (audio, *, language=None, prompt=None, response_format="json"))]
+    fn transcribe(
+        &self,
+        py: Python<'_>,
+        audio: &Bound<'_, PyAny>,
+        language: Option<String>,
+        prompt: Option<String>,
+        response_format: &str,
+    ) -> PyResult<Py<PyAny>> {
+        let format = ResponseFormat::parse(response_format).map_err(|m| {
+            crate::errors::make(py, &m, 400, "BadRequestError", Some("response_format"))
+        })?;
+        let (bytes, name): (Vec<u8>, Option<String>) = if let Ok(b) = audio.cast::<PyBytes>() {
+            (b.as_bytes().to_vec(), None)
+        } else {
+            let path: std::path::PathBuf = audio.extract()?;
+            let bytes = std::fs::read(&path).map_err(|e| {
+                pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display()))
+            })?;
+            (
+                bytes,
+                path.file_name().and_then(|n| n.to_str()).map(str::to_owned),
+            )
+        };
+        let options = TranscribeOptions {
+            language,
+            prompt,
+            ..TranscribeOptions::default()
+        };
+        let body = py
+            .detach(|| -> Result<TranscriptionBody, TranscriptionError> {
+                let limits = UploadLimits {
+                    max_filesize_mb: f64::INFINITY,
+                    max_duration_s: None,
+                };
+                let audio = decode_upload(&bytes, name.as_deref(), &limits)?;
+                let t = self.inner.transcribe(&audio.samples, &options)?;
+                Ok(render(&t, format, true))
+            })
+            .map_err(|e| error(py, &e))?;
+        Ok(match body {
+            TranscriptionBody::Json(v) => crate::convert::to_py(py, &v)?.unbind(),
+            TranscriptionBody::Text { body, .. } => PyString::new(py, &body).into_any().unbind(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Transcriber(name={:?})", self.inner.info().name)
+    }
+}
