@@ -6,7 +6,8 @@ The struct definitions and hash rules below are copied from the vLLM 0.33.0 whee
 BlockStored, BlockRemoved, AllBlocksCleared), `vllm/utils/hashing.py` (sha256,
 sha256_cbor), and `vllm/v1/core/kv_cache_utils.py` (NONE_HASH seeding, tagged extra keys
 in `generate_block_hash_extra_keys`, untagged event keys in `to_event_extra_keys`,
-`hash_block_tokens`, `maybe_convert_block_hash`). Payloads are encoded with
+`hash_block_tokens`, `maybe_convert_block_hash`, `_gen_mm_extra_hash_keys`; the copy
+of the last was checked against the installed vLLM 0.33.0 on 300 random layouts). Payloads are encoded with
 `msgspec.msgpack.Encoder().encode(batch)`, as `ZmqEventPublisher` does.
 
     pip install msgspec==0.23.0 cbor2
@@ -96,14 +97,45 @@ def to_event_extra_keys(extra_keys):
     ] or None
 
 
-def block_extra_keys(i, lora, salt):
-    """`generate_block_hash_extra_keys` for a text request: LoRA, then the salt on block 0."""
+def gen_mm_extra_hash_keys(mm_features, start_token_idx, end_token_idx, start_mm_idx):
+    """`_gen_mm_extra_hash_keys` @ 0.33.0; `mm_features` = [(identifier, offset, length)]
+    sorted by offset."""
+    extra_keys = []
+    if not mm_features:
+        return extra_keys, start_mm_idx
+    last_offset, last_length = mm_features[-1][1], mm_features[-1][2]
+    if last_offset + last_length <= start_token_idx:
+        return extra_keys, start_mm_idx
+    curr_mm_idx = start_mm_idx
+    while mm_features and curr_mm_idx < len(mm_features):
+        identifier, offset, length = mm_features[curr_mm_idx]
+        if end_token_idx > offset:
+            if start_token_idx >= offset + length:
+                curr_mm_idx += 1
+                continue
+            extra_keys.append(("mm", identifier, offset - start_token_idx))
+            if end_token_idx >= offset + length:
+                curr_mm_idx += 1
+            else:
+                break
+        else:
+            break
+    return extra_keys, curr_mm_idx
+
+
+def block_extra_keys(i, lora, salt, mm=None, mm_idx=0):
+    """`generate_block_hash_extra_keys`: LoRA, the multimodal items in the block, then the
+    salt on block 0. Returns the keys and the next multimodal index."""
     keys = []
     if lora is not None:
         keys.append(("lora", lora[0], lora[1]))
+    mm_keys, mm_idx = gen_mm_extra_hash_keys(
+        [tuple(m) for m in mm or []], i * BLOCK, (i + 1) * BLOCK, mm_idx
+    )
+    keys += mm_keys
     if salt is not None and i == 0:
         keys.append(("cache_salt", salt))
-    return tuple(keys) if keys else None
+    return (tuple(keys) if keys else None), mm_idx
 
 
 def external(h, int_hashes):
@@ -118,6 +150,13 @@ CASES = [
     {"name": "seed0_pickle", "algo": "sha256", "seed": "0", "blocks": 1},
     {"name": "salted", "algo": "sha256_cbor", "seed": "0", "blocks": 2, "salt": "tenant-a"},
     {"name": "lora", "algo": "sha256", "seed": None, "blocks": 2, "lora": ["my-lora", "/adapters/my-lora"], "salt": "s"},
+    # Two images: the first spans blocks 0-1 (negative offset in block 1), the second ends
+    # exactly at the end of block 2; block 3 has none. Image ids are mm_hash-like hex.
+    {"name": "mm", "algo": "sha256", "seed": None, "blocks": 4, "salt": "s",
+     "mm": [["95f7d20ea69d5280e3d305f90033cb22bad47584da5733854b1bff9514a7969d", 5, 20],
+            ["sku-1234", 40, 8]]},
+    {"name": "mm_cbor_lora", "algo": "sha256_cbor", "seed": "0", "blocks": 2,
+     "lora": ["my-lora", "/adapters/my-lora"], "mm": [["img-a", 16, 16]]},
 ]
 
 
@@ -128,9 +167,9 @@ def main():
         fn = HASH_FNS[c["algo"]]
         none = none_hash(fn, c["seed"])
         tokens = [(7 * j + 3) % 49152 for j in range(c["blocks"] * BLOCK)]
-        hashes, extras, parent = [], [], None
+        hashes, extras, parent, mm_idx = [], [], None, 0
         for i in range(c["blocks"]):
-            extra = block_extra_keys(i, c.get("lora"), c.get("salt"))
+            extra, mm_idx = block_extra_keys(i, c.get("lora"), c.get("salt"), c.get("mm"), mm_idx)
             h = hash_block_tokens(fn, none, parent, tokens[i * BLOCK:(i + 1) * BLOCK], extra)
             hashes.append(h)
             extras.append(extra)

@@ -42,10 +42,17 @@ pub enum Error {
     /// Tokenizer failure (load or encode/decode).
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
-    /// Fetching a media URL failed (network, refused domain, fetching off): vLLM lets the
-    /// fetch error through as a 500.
+    /// Fetching a media URL failed for a reason that may pass (network, timeout, a 5xx) or
+    /// fetching is off: vLLM lets such fetch errors through as a 500.
     #[error("{0}")]
     MediaFetch(String),
+    /// The request names something that cannot be processed (a media URL answering 404, a
+    /// download over the size limit): HTTP 422, vLLM's `VLLMUnprocessableEntityError`.
+    #[error("{message}")]
+    Unprocessable {
+        message: String,
+        param: Option<String>,
+    },
     /// A request form vLLM parses but does not implement (a non-base64 `data:` URL): HTTP 501.
     #[error("{0}")]
     NotImplemented(String),
@@ -125,6 +132,7 @@ impl Error {
             | Error::Template(_)
             | Error::PromptTooLong { .. } => 400,
             Error::ModelNotFound(_) => 404,
+            Error::Unprocessable { .. } => 422,
             Error::NotImplemented(_) => 501,
             _ => 500,
         }
@@ -139,6 +147,7 @@ impl Error {
                 "BadRequestError"
             }
             Error::ModelNotFound(_) => "NotFoundError",
+            Error::Unprocessable { .. } => "UnprocessableEntityError",
             Error::NotImplemented(_) => "NotImplementedError",
             _ => "InternalServerError",
         }
@@ -147,7 +156,9 @@ impl Error {
     /// The `param` field of the envelope.
     pub fn param(&self) -> Option<&str> {
         match self {
-            Error::Validation { param, .. } | Error::BadRequest { param, .. } => param.as_deref(),
+            Error::Validation { param, .. }
+            | Error::BadRequest { param, .. }
+            | Error::Unprocessable { param, .. } => param.as_deref(),
             Error::ModelNotFound(_) => Some("model"),
             _ => None,
         }

@@ -1,4 +1,5 @@
-//! The one HTTP client aphro builds for downloads (the default model's index and wheel).
+//! The one HTTP client aphro builds for downloads (the default model's index and wheel,
+//! image URLs of multimodal requests).
 //!
 //! Where aphro runs, the network is often a corporate or sandbox egress: a proxy named by
 //! `HTTPS_PROXY`, or a TLS-inspecting proxy whose CA only the system trust store knows. So
@@ -76,16 +77,32 @@ impl HttpClient {
         self.agent_for(url).get(url)
     }
 
+    /// A GET request for `url` that gives up once `timeout` has passed in all (DNS, connect,
+    /// headers and body) and returns a redirect instead of following it, so the caller can
+    /// vet every hop (media fetches check each target against the allowed domains).
+    pub fn get_bounded(&self, url: &str, timeout: Duration) -> ureq::Request {
+        self.builder_for(url)
+            .timeout(timeout)
+            .redirects(0)
+            .build()
+            .get(url)
+    }
+
     fn agent_for(&self, url: &str) -> ureq::Agent {
+        self.builder_for(url)
+            .timeout_connect(Duration::from_secs(30))
+            .timeout_read(Duration::from_secs(120))
+            .build()
+    }
+
+    fn builder_for(&self, url: &str) -> ureq::AgentBuilder {
         let mut b = ureq::AgentBuilder::new()
             .tls_config(self.tls.clone())
-            .user_agent(concat!("aphro/", env!("CARGO_PKG_VERSION")))
-            .timeout_connect(Duration::from_secs(30))
-            .timeout_read(Duration::from_secs(120));
+            .user_agent(concat!("aphro/", env!("CARGO_PKG_VERSION")));
         if let Some(p) = self.proxies.for_url(url) {
             b = b.proxy(p.clone());
         }
-        b.build()
+        b
     }
 
     /// `err` as one line, with a hint on what to do when the server's certificate was not

@@ -72,6 +72,9 @@ pub struct RenderOptions {
     pub vision: Option<Arc<crate::multimodal::VisionModel>>,
     /// vLLM's multimodal server flags.
     pub multimodal: crate::multimodal::MultimodalOptions,
+    /// Loads `http(s)` / `file` image URLs (`--allowed-media-domains`,
+    /// `--allowed-local-media-path`); `None`: only `data:` URLs.
+    pub media_fetch: Option<Arc<crate::multimodal::MediaFetcher>>,
 }
 
 impl Default for RenderOptions {
@@ -96,6 +99,7 @@ impl Default for RenderOptions {
             harmony: HarmonyOptions::default(),
             vision: None,
             multimodal: crate::multimodal::MultimodalOptions::default(),
+            media_fetch: None,
         }
     }
 }
@@ -151,12 +155,11 @@ fn supported_modalities(options: &RenderOptions) -> BTreeSet<Modality> {
     }
 }
 
-/// The image items of a chat request in prompt order (the `image_url` / `input_image`
-/// parts vLLM's parser takes): the decoded `data:` payload and the part's `uuid`.
-/// `http(s)` URLs are refused: this renderer does not fetch media.
-fn chat_image_inputs(
+/// The `image_url` of each image part of a chat request in prompt order (the `image_url` /
+/// `input_image` parts vLLM's parser takes), with the part's `uuid`.
+fn chat_image_parts(
     messages: &[crate::protocol::ChatMessage],
-) -> Result<Vec<crate::multimodal::ImageInput>> {
+) -> Vec<(Option<&str>, Option<&str>)> {
     use crate::protocol::MessageContent;
     let mut out = Vec::new();
     for m in messages {
@@ -175,26 +178,38 @@ fn chat_image_inputs(
                 Some(Value::Object(o)) => o.get("url").and_then(Value::as_str),
                 _ => None,
             };
-            let uuid = part
-                .extra
-                .get("uuid")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            let file = match url {
-                None => None,
-                Some(u) if u.starts_with("data:") => Some(crate::multimodal::decode_data_url(u)?),
-                Some(u) => {
-                    return Err(Error::MediaFetch(format!(
-                        "Fetching media URLs is disabled on this server; send the image as a \
-                         base64 data: URL instead of {}",
-                        u.split('?').next().unwrap_or(u)
-                    )))
-                }
-            };
-            out.push(crate::multimodal::ImageInput { file, uuid });
+            out.push((url, part.extra.get("uuid").and_then(Value::as_str)));
         }
     }
-    Ok(out)
+    out
+}
+
+/// The image items of a chat request in prompt order: the file each URL names (`data:`
+/// URLs decoded, `http(s)` / `file` URLs loaded through `fetcher` when it allows them) and
+/// the part's `uuid`.
+fn chat_image_inputs(
+    messages: &[crate::protocol::ChatMessage],
+    fetcher: Option<&crate::multimodal::MediaFetcher>,
+) -> Result<Vec<crate::multimodal::ImageInput>> {
+    chat_image_parts(messages)
+        .into_iter()
+        .map(|(url, uuid)| {
+            Ok(crate::multimodal::ImageInput {
+                file: url
+                    .map(|u| crate::multimodal::load_image_url(u, fetcher))
+                    .transpose()?,
+                uuid: uuid.map(str::to_owned),
+            })
+        })
+        .collect()
+}
+
+/// Whether rendering `req` may fetch an image from the network or the disk (an image URL
+/// that is not a `data:` URL): the caller should then render on a blocking thread.
+pub fn chat_fetches_media(req: &ChatCompletionRequest) -> bool {
+    chat_image_parts(&req.messages)
+        .into_iter()
+        .any(|(url, _)| url.is_some_and(crate::multimodal::fetch::is_remote_url))
 }
 
 /// Character offsets of each token in the prompt (`return_token_offsets`).
@@ -615,7 +630,7 @@ impl Renderer {
         let Some(vision) = &self.options.vision else {
             return Ok(None);
         };
-        let images = chat_image_inputs(&req.messages)?;
+        let images = chat_image_inputs(&req.messages, self.options.media_fetch.as_deref())?;
         if images.is_empty() {
             return Ok(None);
         }

@@ -505,3 +505,189 @@ fn renderer_matches_vllm_render_responses() {
         failures.join("\n")
     );
 }
+
+/// A loopback HTTP server (127.0.0.1 only) for the image-URL tests: `/scene.jpg` serves the
+/// fixture image, `/missing.png` 404s, `/big.jpg` announces 2 MiB, `/big-stream.jpg` streams
+/// 2 MiB without a length, `/slow.jpg` answers after 3 s, `/hop.jpg` redirects to
+/// `localhost` (another host name) and `/via.jpg` to `/scene.jpg` on the same host.
+fn serve_images() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let port = listener.local_addr().expect("addr").port();
+    let image = std::fs::read(root().join("images/scene_640x480.jpg")).expect("fixture image");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let image = image.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let path = req.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let head = |status: &str, extra: &str| {
+                    format!("HTTP/1.1 {status}\r\nConnection: close\r\n{extra}\r\n")
+                };
+                let _ = match path.as_str() {
+                    "/scene.jpg" => s
+                        .write_all(
+                            head(
+                                "200 OK",
+                                &format!(
+                                    "Content-Type: image/jpeg\r\nContent-Length: {}\r\n",
+                                    image.len()
+                                ),
+                            )
+                            .as_bytes(),
+                        )
+                        .and_then(|_| s.write_all(&image)),
+                    "/big.jpg" => s.write_all(
+                        head("200 OK", &format!("Content-Length: {}\r\n", 2 << 20)).as_bytes(),
+                    ),
+                    "/big-stream.jpg" => s
+                        .write_all(head("200 OK", "").as_bytes())
+                        .and_then(|_| s.write_all(&vec![0u8; 2 << 20])),
+                    "/slow.jpg" => {
+                        std::thread::sleep(std::time::Duration::from_secs(3));
+                        s.write_all(head("200 OK", "Content-Length: 0\r\n").as_bytes())
+                    }
+                    "/hop.jpg" => s.write_all(
+                        head(
+                            "302 Found",
+                            &format!(
+                                "Location: http://localhost:{port}/scene.jpg\r\nContent-Length: 0\r\n"
+                            ),
+                        )
+                        .as_bytes(),
+                    ),
+                    "/via.jpg" => s.write_all(
+                        head(
+                            "302 Found",
+                            "Location: /scene.jpg\r\nContent-Length: 0\r\n",
+                        )
+                        .as_bytes(),
+                    ),
+                    _ => s.write_all(
+                        head("404 Not Found", "Content-Length: 9\r\n").as_bytes(),
+                    )
+                    .and_then(|_| s.write_all(b"not found")),
+                };
+            });
+        }
+    });
+    format!("http://127.0.0.1:{port}")
+}
+
+/// `http(s)` image URLs: fetched only from `--allowed-media-domains`, within the time and
+/// size limits, with vLLM's statuses and messages; a fetched image renders exactly as the
+/// same file sent as a `data:` URL.
+#[test]
+fn image_urls_are_fetched_within_limits_from_allowed_domains_only() {
+    use aphro_core::multimodal::{MediaFetchOptions, MediaFetcher};
+    use aphro_core::{Model, RenderOptions, Renderer};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let base = serve_images();
+    let model = "Qwen/Qwen2-VL-2B-Instruct";
+    let dir = model_dir(model);
+    let loaded = Arc::new(Model::load(dir.path().to_str().expect("utf-8")).expect("model"));
+    let vision = Arc::new(
+        VisionModel::from_model_dir(dir.path(), model)
+            .expect("configs")
+            .expect("vision"),
+    );
+    let renderer = |domains: &[&str]| {
+        let fetch = MediaFetcher::new(MediaFetchOptions {
+            allowed_media_domains: domains.iter().map(|d| d.to_string()).collect(),
+            timeout: Duration::from_secs(1),
+            max_attempts: 1,
+            max_download_mb: 1,
+            ..MediaFetchOptions::default()
+        })
+        .expect("fetcher");
+        let opts = RenderOptions {
+            vision: Some(vision.clone()),
+            media_fetch: Some(Arc::new(fetch)),
+            ..RenderOptions::default()
+        };
+        Renderer::new(loaded.clone(), opts).expect("renderer")
+    };
+    let request = |url: &str| {
+        serde_json::json!({"model": model, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "Describe."}]}]})
+    };
+    let render = |r: &Renderer, url: &str| {
+        aphro_core::renderer::parse_chat_request(&request(url)).and_then(|q| r.render_chat(&q))
+    };
+    let allowed = renderer(&["127.0.0.1"]);
+    let data_url = materialize("data:image/jpeg;base64,{{b64:images/scene_640x480.jpg}}");
+    let want = render(&allowed, &data_url).expect("data url renders");
+    for path in ["/scene.jpg", "/via.jpg"] {
+        let got = render(&allowed, &format!("{base}{path}")).expect("fetched");
+        assert_eq!(got.token_ids, want.token_ids, "{path}");
+        assert_eq!(got.features, want.features, "{path}");
+    }
+    assert!(aphro_core::renderer::chat_fetches_media(
+        &aphro_core::renderer::parse_chat_request(&request(&format!("{base}/scene.jpg")))
+            .expect("request")
+    ));
+
+    let err = |r: &Renderer, path: &str| {
+        let e = render(r, &format!("{base}{path}")).expect_err(path);
+        (e.status(), e.to_string(), e.param().map(str::to_owned))
+    };
+    let other = renderer(&["images.example"]);
+    assert_eq!(
+        err(&other, "/scene.jpg"),
+        (
+            400,
+            "The URL must be from one of the allowed domains: ['images.example']. \
+             Input URL domain: 127.0.0.1"
+                .to_owned(),
+            None
+        )
+    );
+    // A redirect to a host that is not allowed is refused like the first URL would be.
+    let (status, msg, _) = err(&allowed, "/hop.jpg");
+    assert_eq!(status, 400);
+    assert!(msg.ends_with("Input URL domain: localhost"), "{msg}");
+    assert_eq!(
+        err(&allowed, "/missing.png"),
+        (
+            422,
+            format!(
+                "Failed to fetch media from URL: HTTP 404 error (parameter=image_url, \
+                 value={base}/missing.png)"
+            ),
+            Some("image_url".to_owned())
+        )
+    );
+    for path in ["/big.jpg", "/big-stream.jpg"] {
+        let (status, msg, param) = err(&allowed, path);
+        assert_eq!((status, param.as_deref()), (422, Some("image_url")), "{path}");
+        assert!(
+            msg.starts_with(
+                "Failed to fetch media from URL: Remote media download exceeds \
+                 VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB=1 (received at least"
+            ),
+            "{path}: {msg}"
+        );
+    }
+    let started = Instant::now();
+    let (status, msg, _) = err(&allowed, "/slow.jpg");
+    assert!(started.elapsed() < Duration::from_secs(3), "gave up in time");
+    assert_eq!(status, 500, "{msg}");
+    assert!(msg.starts_with("Timed out fetching media from URL"), "{msg}");
+    // Fetching off (no allowed domain): refused before any connection.
+    let off = Renderer::new(
+        loaded.clone(),
+        RenderOptions {
+            vision: Some(vision.clone()),
+            ..RenderOptions::default()
+        },
+    )
+    .expect("renderer");
+    let (status, msg, _) = err(&off, "/scene.jpg");
+    assert_eq!(status, 500);
+    assert!(msg.contains("--allowed-media-domains"), "{msg}");
+}

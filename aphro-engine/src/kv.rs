@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::kv_events::KvEvent;
-pub use crate::kv_hash::{BlockHash, BlockHasher, ExtraKey, HashAlgo};
+pub use crate::kv_hash::{BlockHash, BlockHasher, ExtraKey, HashAlgo, MmPosition};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Default)]
 struct BlockMeta {
@@ -35,6 +36,8 @@ pub struct SeqBlocks {
     salt: Option<String>,
     /// The request's LoRA adapter (name, path): an extra hash key of every block.
     lora: Option<(String, String)>,
+    /// The prompt's multimodal items, by position: extra hash keys of the blocks they touch.
+    mm: Arc<[MmPosition]>,
 }
 
 impl SeqBlocks {
@@ -54,19 +57,34 @@ impl SeqBlocks {
         }
     }
 
+    /// The same sequence with its prompt's multimodal items (sorted by offset), so blocks
+    /// holding placeholders of different images never share a hash (vLLM's `mm_features`).
+    pub fn with_mm(mut self, mm: Arc<[MmPosition]>) -> Self {
+        self.mm = mm;
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
 
-    /// vLLM's `generate_block_hash_extra_keys` for block `i`: LoRA, then the salt on the
-    /// first block only; `None` when empty.
-    fn extra_keys(&self, i: usize) -> Option<Vec<ExtraKey>> {
+    /// vLLM's `generate_block_hash_extra_keys` for block `i` of `block_size` tokens: LoRA,
+    /// the multimodal items in the block, then the salt on the first block only; `None`
+    /// when empty.
+    fn extra_keys(&self, i: usize, block_size: usize) -> Option<Vec<ExtraKey>> {
         let mut keys = Vec::new();
         if let Some((name, path)) = &self.lora {
             keys.push(ExtraKey::Lora {
                 name: name.clone(),
                 path: path.clone(),
             });
+        }
+        if !self.mm.is_empty() {
+            keys.extend(crate::kv_hash::mm_extra_keys(
+                &self.mm,
+                i * block_size,
+                (i + 1) * block_size,
+            ));
         }
         if i == 0 {
             if let Some(s) = &self.salt {
@@ -253,7 +271,7 @@ impl BlockManager {
         {
             let h = self
                 .hasher
-                .hash_block(parent.as_ref(), chunk, seq.extra_keys(i).as_deref());
+                .hash_block(parent.as_ref(), chunk, seq.extra_keys(i, self.block_size).as_deref());
             let Some(&b) = self.cached.get(&h) else { break };
             let meta = &self.blocks[b as usize];
             if meta.parent != parent || meta.tokens != chunk {
@@ -357,7 +375,7 @@ impl BlockManager {
         while seq.hashed < full {
             let i = seq.hashed;
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
-            let extra = seq.extra_keys(i);
+            let extra = seq.extra_keys(i, self.block_size);
             let h = self
                 .hasher
                 .hash_block(seq.last_hash.as_ref(), chunk, extra.as_deref());
@@ -428,10 +446,11 @@ impl BlockManager {
                 }
             }
         }
-        // A preempted sequence is computed again under its own salt and LoRA.
+        // A preempted sequence is computed again under its own salt, LoRA and images.
         *seq = SeqBlocks {
             salt: seq.salt.take(),
             lora: seq.lora.take(),
+            mm: std::mem::take(&mut seq.mm),
             ..SeqBlocks::default()
         };
     }
@@ -660,5 +679,81 @@ mod tests {
         quiet.allocate(&mut q, 0, 9).expect("room");
         quiet.commit(&mut q, &toks, 9);
         assert!(quiet.take_events().is_empty());
+    }
+
+    /// The same placeholder tokens behind two different images: the blocks they touch hash
+    /// (and so cache) apart, the text before them is shared, and the same image hits.
+    #[test]
+    fn images_behind_the_same_placeholders_never_share_blocks() {
+        let mut m = events_manager(16, 4);
+        // Text 0..3, then an image's 6 pads (offset 3, blocks 0 and 1), then text.
+        let toks: Vec<u32> = [1, 2, 3, 9, 9, 9, 9, 9, 9, 4, 5, 6, 7].to_vec();
+        let image = |id: &str| -> Arc<[MmPosition]> {
+            vec![MmPosition {
+                identifier: id.into(),
+                offset: 3,
+                length: 6,
+            }]
+            .into()
+        };
+        let run = |m: &mut BlockManager, id: &str| {
+            let mut s = SeqBlocks::default().with_mm(image(id));
+            let hit = m.match_prefix(&mut s, &toks);
+            let have = s.table.len() * 4;
+            m.allocate(&mut s, have, toks.len()).expect("room");
+            m.commit(&mut s, &toks, toks.len());
+            let events = m.take_events();
+            m.free(&mut s);
+            (hit, events)
+        };
+        let (hit, events) = run(&mut m, "hash-a");
+        assert_eq!(hit, 0);
+        let KvEvent::BlockStored {
+            block_hashes,
+            extra_keys,
+            ..
+        } = &events[0]
+        else {
+            panic!("stored first: {events:?}")
+        };
+        // vLLM's keys: the image's offset relative to each block's start.
+        assert_eq!(
+            extra_keys,
+            &vec![
+                Some(vec![ExtraKey::Mm("hash-a".into(), 3)]),
+                Some(vec![ExtraKey::Mm("hash-a".into(), -1)]),
+                Some(vec![ExtraKey::Mm("hash-a".into(), -5)]),
+            ]
+        );
+        let h = BlockHasher::new(HashAlgo::Sha256Cbor, Some("0"));
+        let a0 = h.hash_block(None, &toks[..4], extra_keys[0].as_deref());
+        assert_eq!(block_hashes[0], a0);
+        assert_ne!(a0, h.hash_block(None, &toks[..4], None));
+        // The same image: a hit on all three full blocks but the last token's.
+        assert_eq!(run(&mut m, "hash-a").0, 12);
+        // Another image with identical tokens: nothing is shared, its blocks are new.
+        let (hit, events) = run(&mut m, "hash-b");
+        assert_eq!(hit, 0);
+        let KvEvent::BlockStored { block_hashes: b, .. } = &events[0] else {
+            panic!("stored: {events:?}")
+        };
+        assert!(b.iter().all(|x| !block_hashes.contains(x)));
+        // Text-only blocks before an image are shared: the image starts in block 1 here.
+        let later = |id: &str| -> Arc<[MmPosition]> {
+            vec![MmPosition {
+                identifier: id.into(),
+                offset: 5,
+                length: 4,
+            }]
+            .into()
+        };
+        let toks2: Vec<u32> = [1, 2, 3, 4, 9, 9, 9, 9, 9, 7].to_vec();
+        let mut a = SeqBlocks::default().with_mm(later("x"));
+        m.allocate(&mut a, 0, toks2.len()).expect("room");
+        m.commit(&mut a, &toks2, toks2.len());
+        m.free(&mut a);
+        let mut b = SeqBlocks::default().with_mm(later("y"));
+        assert_eq!(m.match_prefix(&mut b, &toks2), 4);
+        m.free(&mut b);
     }
 }

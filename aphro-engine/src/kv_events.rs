@@ -324,13 +324,14 @@ pub(crate) mod tests {
         pub block_hashes: Vec<String>,
         lora: Option<(String, String)>,
         salt: Option<String>,
+        mm: Vec<crate::kv_hash::MmPosition>,
         payload_int: String,
         payload_bytes: String,
     }
 
     impl Golden {
-        /// The case's extra keys of block `i`, as vLLM made them: LoRA, then the salt on
-        /// block 0.
+        /// The case's extra keys of block `i`, as vLLM made them: LoRA, the images in the
+        /// block, then the salt on block 0.
         pub fn extra_keys(&self, i: usize) -> Option<Vec<ExtraKey>> {
             let mut keys = Vec::new();
             if let Some((name, path)) = &self.lora {
@@ -339,6 +340,8 @@ pub(crate) mod tests {
                     path: path.clone(),
                 });
             }
+            let bs = self.block_size;
+            keys.extend(crate::kv_hash::mm_extra_keys(&self.mm, i * bs, (i + 1) * bs));
             if let (Some(salt), 0) = (&self.salt, i) {
                 keys.push(ExtraKey::CacheSalt(salt.clone()));
             }
@@ -380,6 +383,16 @@ pub(crate) mod tests {
                     )
                 }),
                 salt: str_of(c, "salt"),
+                mm: c["mm"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|m| crate::kv_hash::MmPosition {
+                        identifier: m[0].as_str().expect("id").to_owned(),
+                        offset: m[1].as_u64().expect("offset") as usize,
+                        length: m[2].as_u64().expect("length") as usize,
+                    })
+                    .collect(),
                 payload_int: str_of(&c["payload"], "int").expect("int"),
                 payload_bytes: str_of(&c["payload"], "bytes").expect("bytes"),
             })

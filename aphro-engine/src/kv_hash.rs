@@ -67,6 +67,30 @@ pub enum ExtraKey {
     PromptEmbeds(Vec<u8>),
 }
 
+/// A multimodal item's run of placeholder tokens in a prompt (vLLM's `MultiModalFeatureSpec`
+/// `identifier` + `mm_position`): the tokens of an image are the same pads for every image,
+/// so the item's identifier (its mm_hash) must enter the hash of every block they touch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MmPosition {
+    /// The mm_hash (vLLM's identifier without a tower LoRA).
+    pub identifier: String,
+    /// First placeholder token.
+    pub offset: usize,
+    /// Number of placeholder tokens (> 0).
+    pub length: usize,
+}
+
+/// vLLM's `_gen_mm_extra_hash_keys` for the block `[start, end)`: `("mm", identifier,
+/// offset - start)` for each item (sorted, non-overlapping) overlapping the block; the
+/// offset is negative for an item that began in an earlier block.
+pub fn mm_extra_keys(items: &[MmPosition], start: usize, end: usize) -> Vec<ExtraKey> {
+    items
+        .iter()
+        .filter(|m| end > m.offset && start < m.offset + m.length)
+        .map(|m| ExtraKey::Mm(m.identifier.clone(), m.offset as i64 - start as i64))
+        .collect()
+}
+
 /// What a KV event carries for one extra key (`to_event_extra_keys`): the value without its
 /// tag, and a multimodal item as `(identifier, offset)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

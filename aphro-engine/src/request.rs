@@ -101,6 +101,10 @@ pub struct EngineRequest {
     /// `cache_salt`: prefix-cache blocks are shared only between requests with the same
     /// salt (or none), so one tenant cannot probe another's prompts by timing hits.
     pub cache_salt: Option<String>,
+    /// The prompt's multimodal items (mm_hash and placeholder run), sorted by offset: each
+    /// enters the hash of the blocks it touches, so two images behind the same placeholder
+    /// tokens never share KV blocks (vLLM's `mm_features`).
+    pub mm_features: Vec<crate::kv_hash::MmPosition>,
 }
 
 impl EngineRequest {
@@ -115,6 +119,7 @@ impl EngineRequest {
             sampling,
             priority: 0,
             cache_salt: None,
+            mm_features: Vec::new(),
         }
     }
 }

@@ -285,7 +285,8 @@ impl EngineCore {
             forked: plan.n == 1,
             tokens: req.prompt_token_ids.clone(),
             num_computed: 0,
-            blocks: SeqBlocks::salted(req.cache_salt.as_deref()),
+            blocks: SeqBlocks::salted(req.cache_salt.as_deref())
+                .with_mm(req.mm_features.as_slice().into()),
             rng: SeqRng::from_seed(choice_seeds[0]),
             wants_prompt_logprobs: plan.prompt_logprobs.is_some(),
             last_token_at: None,

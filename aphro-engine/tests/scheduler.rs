@@ -755,6 +755,38 @@ fn prefix_cache_chains_block_hashes() {
     assert_clean(&core);
 }
 
+/// `EngineRequest::mm_features` reach the block hashes: prompts with identical tokens but
+/// different images share only the blocks before the image; the same image hits.
+#[test]
+fn requests_with_different_images_share_only_the_text_before_them() {
+    use aphro_engine::kv_hash::MmPosition;
+    let p = prompt(21, 5);
+    // An image's placeholder run covers tokens 6..14 (blocks 1-3 of 4 tokens).
+    let with_image = |id: &str, hash: &str| {
+        let mut r = greedy(id, p.clone(), 4);
+        r.mm_features = vec![MmPosition {
+            identifier: hash.into(),
+            offset: 6,
+            length: 8,
+        }];
+        r
+    };
+    let (mut core, _) = Setup::roomy(true).core();
+    let mut res = Results::new();
+    core.add_request(with_image("a", "img-a")).expect("add");
+    run_to_end(&mut core, &mut res);
+    let hits = |core: &EngineCore| core.metrics().prefix_cache_hits;
+    core.add_request(with_image("b", "img-b")).expect("add");
+    run_to_end(&mut core, &mut res);
+    // Block 0 (tokens 0..4) has no image: the only block b may reuse.
+    assert_eq!(hits(&core), 4);
+    core.add_request(with_image("a2", "img-a")).expect("add");
+    run_to_end(&mut core, &mut res);
+    // The same image: all five full prompt blocks (20 of 21 tokens).
+    assert_eq!(hits(&core), 4 + 20);
+    assert_clean(&core);
+}
+
 #[test]
 fn decodes_are_scheduled_before_prefill_chunks() {
     let setup = Setup {

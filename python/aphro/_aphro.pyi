@@ -58,6 +58,10 @@ class Renderer:
         tool_call_parser: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
         enable_auto_tool_choice: bool = False,
+        trust_request_mm_kwargs: bool = False,
+        mm_device_do_normalize: bool = True,
+        allowed_media_domains: Optional[Sequence[str]] = None,
+        allowed_local_media_path: Optional[str] = None,
     ) -> None: ...
     @property
     def model(self) -> Model: ...

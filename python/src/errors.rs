@@ -12,7 +12,7 @@ static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 fn class<'py>(py: Python<'py>, status: u16) -> PyResult<Bound<'py, PyType>> {
     let m = ERRORS.get_or_try_init(py, || py.import("aphro._errors").map(Bound::unbind))?;
     let name = match status {
-        400 => "BadRequestError",
+        400 | 422 => "BadRequestError",
         404 => "NotFoundError",
         _ => "InternalServerError",
     };

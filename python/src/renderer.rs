@@ -26,6 +26,12 @@ use std::sync::Arc;
 ///     enable_auto_tool_choice: vLLM's `--enable-auto-tool-choice`. As in vLLM, a request
 ///         with `tools` (whose `tool_choice` defaults to `"auto"`) or a `"required"` / named
 ///         `tool_choice` is refused unless both this and `tool_call_parser` are set.
+///     trust_request_mm_kwargs, mm_device_do_normalize: vLLM's multimodal flags. With a
+///         Qwen-VL model directory, image parts render to placeholder runs and the result's
+///         `features` (`mm_hashes`, `mm_placeholders`, `kwargs_data`, `mm_metadata`).
+///     allowed_media_domains, allowed_local_media_path: where `http(s)` / `file` image URLs
+///         may be loaded from (vLLM's flags; limits from its `VLLM_*` environment
+///         variables). By default only `data:` URLs.
 #[pyclass(module = "aphro", name = "Renderer", frozen)]
 pub struct PyRenderer {
     pub(crate) inner: Arc<Renderer>,
@@ -35,7 +41,7 @@ pub struct PyRenderer {
 #[pymethods]
 impl PyRenderer {
     #[new]
-    #[pyo3(signature = (model=None, *, chat_template=None, chat_template_content_format="auto", max_model_len=None, default_chat_template_kwargs=None, served_model_name=None, tool_call_parser=None, reasoning_parser=None, enable_auto_tool_choice=false))]
+    #[pyo3(signature = (model=None, *, chat_template=None, chat_template_content_format="auto", max_model_len=None, default_chat_template_kwargs=None, served_model_name=None, tool_call_parser=None, reasoning_parser=None, enable_auto_tool_choice=false, trust_request_mm_kwargs=false, mm_device_do_normalize=true, allowed_media_domains=None, allowed_local_media_path=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -48,6 +54,10 @@ impl PyRenderer {
         tool_call_parser: Option<String>,
         reasoning_parser: Option<String>,
         enable_auto_tool_choice: bool,
+        trust_request_mm_kwargs: bool,
+        mm_device_do_normalize: bool,
+        allowed_media_domains: Option<Vec<String>>,
+        allowed_local_media_path: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let (spec, m) = load_any(py, model)?;
         let content_format = chat_template_content_format
@@ -100,6 +110,21 @@ impl PyRenderer {
                 Err(_) => v.extract::<Vec<String>>()?,
             }),
         };
+        let vision = aphro_core::multimodal::VisionModel::for_model(&m).py_err(py)?;
+        let media_fetch = match (&vision, allowed_media_domains, allowed_local_media_path) {
+            (Some(_), domains, local) if domains.is_some() || local.is_some() => {
+                let options = aphro_core::multimodal::MediaFetchOptions {
+                    allowed_media_domains: domains.unwrap_or_default(),
+                    allowed_local_media_path: local,
+                    ..aphro_core::multimodal::MediaFetchOptions::from_env()
+                        .map_err(pyo3::exceptions::PyValueError::new_err)?
+                };
+                Some(Arc::new(
+                    aphro_core::multimodal::MediaFetcher::new(options).py_err(py)?,
+                ))
+            }
+            _ => None,
+        };
         let options = RenderOptions {
             chat_template,
             content_format,
@@ -107,6 +132,12 @@ impl PyRenderer {
             served_model_names,
             tool_call_parser,
             enable_auto_tool_choice,
+            vision: vision.map(Arc::new),
+            multimodal: aphro_core::multimodal::MultimodalOptions {
+                device_normalize: mm_device_do_normalize,
+                trust_request_mm_kwargs,
+            },
+            media_fetch,
             ..options
         };
         let inner = py.detach(|| Renderer::new(m.clone(), options)).py_err(py)?;

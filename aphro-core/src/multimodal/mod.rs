@@ -6,6 +6,7 @@
 //! resizes and patchifies it as transformers does, [`hash`] computes vLLM's mm_hash over the
 //! file bytes, [`kwargs`] writes the msgpack blobs. [`VisionModel::expand_placeholders`]
 //! replaces each `<|image_pad|>` the chat template wrote with the image's token run.
+pub mod fetch;
 pub mod hash;
 pub mod image_io;
 pub mod kwargs;
@@ -17,6 +18,7 @@ use crate::error::{Error, Result};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 
+pub use fetch::{load_image_url, MediaFetchOptions, MediaFetcher};
 pub use hash::{image_mm_hash, ImageHashSource};
 pub use image_io::{decode_data_url, decode_image, DecodedImage, EncodedImage};
 pub use qwen_vl::{FloatDtype, PixelOutput, ProcessedImage, QwenVlProcessor};
@@ -58,7 +60,8 @@ impl Default for MultimodalOptions {
 /// An image item of a request: its source and the part's optional `uuid`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageInput {
-    /// The decoded `data:` URL payload; `None` for a uuid-only part (`image_url: null`).
+    /// The image file (a `data:` URL's payload or a fetched file); `None` for a uuid-only
+    /// part (`image_url: null`).
     pub file: Option<EncodedImage>,
     pub uuid: Option<String>,
 }
@@ -125,6 +128,19 @@ impl VisionModel {
         }
         let pre = read_json(&dir.join("preprocessor_config.json"))?;
         Self::from_configs(&config, &pre, model_id).map(Some)
+    }
+
+    /// The image processor of a loaded model, when its directory (local, or the hub
+    /// snapshot) holds a Qwen-VL config. The `--model` string is the mm_hash model id, as
+    /// vLLM's `model_config.model` is.
+    pub fn for_model(model: &crate::Model) -> Result<Option<Self>> {
+        use crate::model::ModelSource;
+        match &model.source {
+            ModelSource::Dir(d) | ModelSource::Hub { snapshot: d, .. } => {
+                Self::from_model_dir(d, &model.name)
+            }
+            ModelSource::Gguf(_) => Ok(None),
+        }
     }
 
     /// From the parsed `config.json` and `preprocessor_config.json`.
@@ -240,6 +256,34 @@ impl VisionModel {
         }
         Ok((out, placeholders))
     }
+}
+
+/// The items of a (validated) `features` object in prompt order: each placeholder run with
+/// its mm_hash, over every modality (vLLM's `argsort_mm_positions`). These are what the
+/// prefix cache keys blocks on besides the tokens.
+pub fn feature_items(features: &Value) -> Vec<(String, Placeholder)> {
+    let mut out = Vec::new();
+    let hashes = features.get("mm_hashes").and_then(Value::as_object);
+    let places = features.get("mm_placeholders").and_then(Value::as_object);
+    let (Some(hashes), Some(places)) = (hashes, places) else {
+        return out;
+    };
+    for (modality, hs) in hashes {
+        let ps = places.get(modality).and_then(Value::as_array);
+        let (Some(hs), Some(ps)) = (hs.as_array(), ps) else {
+            continue;
+        };
+        for (h, p) in hs.iter().zip(ps) {
+            let field = |k: &str| p.get(k).and_then(Value::as_u64).map(|v| v as usize);
+            if let (Some(h), Some(offset), Some(length)) =
+                (h.as_str(), field("offset"), field("length"))
+            {
+                out.push((h.to_owned(), Placeholder { offset, length }));
+            }
+        }
+    }
+    out.sort_by_key(|(_, p)| p.offset);
+    out
 }
 
 /// The `features` object of a render response. `with_payload` false (`mm_payload: "none"`)

@@ -1070,6 +1070,11 @@ impl ServingEngine {
             sampling,
             priority: req.priority,
             cache_salt: req.cache_salt.clone(),
+            mm_features: req
+                .features
+                .as_ref()
+                .map(mm_positions)
+                .unwrap_or_default(),
         };
         self.engine().validate(&ereq)?;
 
@@ -1313,6 +1318,19 @@ impl<'de> serde::Deserialize<'de> for GenerateBody {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_map(Split)
     }
+}
+
+/// The placeholder runs of a generate request's `features` as the engine keys its blocks
+/// on them (identifier = mm_hash: aphro has no LoRA on a vision tower).
+fn mm_positions(features: &Value) -> Vec<crate::kv_hash::MmPosition> {
+    aphro_core::multimodal::feature_items(features)
+        .into_iter()
+        .map(|(identifier, p)| crate::kv_hash::MmPosition {
+            identifier,
+            offset: p.offset,
+            length: p.length,
+        })
+        .collect()
 }
 
 /// Decode a generate body without a model (structural errors → 400 "Bad Request"); an absent

@@ -129,6 +129,16 @@ pub struct FrontendArgs {
     /// vLLM's `--no-mm-device-do-normalize`; by default `pixel_values` stay `uint8`.
     #[arg(long)]
     pub no_mm_device_do_normalize: bool,
+    /// Hosts `http(s)` image URLs may be fetched from (vLLM's flag; `*` for any host). Unset,
+    /// only `data:` image URLs are accepted (vLLM would fetch from anywhere). The fetch
+    /// limits are vLLM's environment variables: `VLLM_IMAGE_FETCH_TIMEOUT` (5 s),
+    /// `VLLM_MEDIA_FETCH_MAX_RETRIES` (3), `VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB` (256),
+    /// `VLLM_MEDIA_URL_ALLOW_REDIRECTS` (1).
+    #[arg(long, num_args = 1..)]
+    pub allowed_media_domains: Vec<String>,
+    /// A directory `file://` image URLs may be read from (vLLM's flag).
+    #[arg(long)]
+    pub allowed_local_media_path: Option<PathBuf>,
     /// Show every logprob token as a `token_id:N` placeholder (requests can still set
     /// `return_tokens_as_token_ids` themselves).
     #[arg(long)]
@@ -180,6 +190,12 @@ impl FrontendArgs {
             multimodal: aphro_core::multimodal::MultimodalOptions {
                 device_normalize: !self.no_mm_device_do_normalize,
                 trust_request_mm_kwargs: self.trust_request_mm_kwargs,
+            },
+            media_fetch: aphro_core::multimodal::MediaFetchOptions {
+                allowed_media_domains: self.allowed_media_domains.clone(),
+                allowed_local_media_path: self.allowed_local_media_path.clone(),
+                ..aphro_core::multimodal::MediaFetchOptions::from_env()
+                    .map_err(anyhow::Error::msg)?
             },
         })
     }

@@ -49,6 +49,9 @@ pub struct FrontendOptions {
     pub limits: RequestLimits,
     /// vLLM's multimodal flags (device normalize, trusted per-request processor kwargs).
     pub multimodal: aphro_core::multimodal::MultimodalOptions,
+    /// Where image URLs may be loaded from (`--allowed-media-domains`,
+    /// `--allowed-local-media-path`, vLLM's fetch limits); by default `data:` URLs only.
+    pub media_fetch: aphro_core::multimodal::MediaFetchOptions,
 }
 
 impl Default for FrontendOptions {
@@ -66,6 +69,7 @@ impl Default for FrontendOptions {
             override_generation_config: Map::new(),
             limits: RequestLimits::default(),
             multimodal: aphro_core::multimodal::MultimodalOptions::default(),
+            media_fetch: aphro_core::multimodal::MediaFetchOptions::default(),
         }
     }
 }
@@ -115,17 +119,14 @@ impl FrontendOptions {
             .extend(self.default_chat_template_kwargs.clone());
         // A Qwen-VL model dir brings its image processor: image parts then render to
         // placeholder runs and `features` (the `--model` string is the mm_hash model id).
-        let model_dir = match &model.source {
-            aphro_core::model::ModelSource::Dir(d) => Some(d.as_path()),
-            aphro_core::model::ModelSource::Hub { snapshot, .. } => Some(snapshot.as_path()),
-            _ => None,
-        };
-        if let Some(dir) = model_dir {
-            if let Some(vision) =
-                aphro_core::multimodal::VisionModel::from_model_dir(dir, &model.name)?
-            {
-                tracing::info!("multimodal: images through the Qwen-VL processor");
-                options.vision = Some(Arc::new(vision));
+        if let Some(vision) = aphro_core::multimodal::VisionModel::for_model(&model)? {
+            tracing::info!("multimodal: images through the Qwen-VL processor");
+            options.vision = Some(Arc::new(vision));
+            let m = &self.media_fetch;
+            if !m.allowed_media_domains.is_empty() || m.allowed_local_media_path.is_some() {
+                options.media_fetch = Some(Arc::new(aphro_core::multimodal::MediaFetcher::new(
+                    m.clone(),
+                )?));
             }
         }
         match model.tokenizer.encoder_backend() {

@@ -92,9 +92,13 @@ async fn chat_completions(
     let id = header_request_id(&headers).map(str::to_owned);
     let stream = chat.stream;
     let s = serving.clone();
+    // An image URL to fetch renders on the blocking pool, whatever the body's size.
+    let inline_len = (!aphro_core::renderer::chat_fetches_media(&chat))
+        .then(|| content_length(&headers))
+        .flatten();
     let rendered = state
         .cpu
-        .run(content_length(&headers), move || {
+        .run(inline_len, move || {
             s.render_chat(chat, id.as_deref())
         })
         .await?;

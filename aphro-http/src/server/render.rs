@@ -88,10 +88,14 @@ async fn render_chat(
 ) -> Result<Response, ApiError> {
     let renderer = renderer(&state)?.clone();
     let id = header_request_id(&headers).map(str::to_owned);
-    // Templates and tokenizers are CPU work: keep them off the async reactor.
+    // Templates and tokenizers are CPU work: keep them off the async reactor; an image URL
+    // to fetch always goes to the blocking pool.
+    let inline_len = (!aphro_core::renderer::chat_fetches_media(&req))
+        .then(|| content_length(&headers))
+        .flatten();
     let out = state
         .cpu
-        .run(content_length(&headers), move || {
+        .run(inline_len, move || {
             renderer.render_chat_with_id(&req, id.as_deref())
         })
         .await?;
