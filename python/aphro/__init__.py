@@ -9,7 +9,9 @@ The three stages of a request, each usable on its own or chained in one process:
 * :class:`Derenderer` -- generated token ids -> ``chat.completion`` / ``text_completion``
   (detokenizer, stop strings, reasoning and tool-call parsers), as ``.../derender`` does;
 * :class:`LLM` / :class:`AsyncLLM` -- the three chained, as ``/v1/chat/completions`` and
-  ``/v1/completions`` of ``aphro serve`` (same responses, same stream chunks).
+  ``/v1/completions`` of ``aphro serve`` (same responses, same stream chunks);
+* :class:`Embedder` -- a pooling model (e.g. all-MiniLM-L6-v2): ``embed``, ``score``,
+  ``rerank``, ``classify`` as the pooling routes compute them.
 
 Every method takes and returns plain dicts with the JSON shapes of the HTTP routes; errors
 raise :class:`AphroError` subclasses carrying the HTTP error body's fields.
@@ -37,7 +39,7 @@ from ._aphro import (
 )
 
 try:  # the serving engine (aphro-engine); absent from builds without it
-    from ._aphro import ChunkStream, CoupledServing, Engine, EngineStream  # noqa: F401
+    from ._aphro import ChunkStream, CoupledServing, Embedder, Engine, EngineStream  # noqa: F401
     from ._aphro import Transcriber  # noqa: F401
     from ._engine import AsyncEngine  # noqa: F401
     from ._llm import LLM, AsyncLLM  # noqa: F401
@@ -65,8 +67,16 @@ __all__ = [
     "__version__",
 ]
 if _HAS_ENGINE:
-    __all__ += ["Engine", "EngineStream", "AsyncEngine", "LLM", "AsyncLLM", "ChunkStream"]
-    __all__ += ["Transcriber"]
+    __all__ += [
+        "Engine",
+        "EngineStream",
+        "AsyncEngine",
+        "LLM",
+        "AsyncLLM",
+        "ChunkStream",
+        "Embedder",
+        "Transcriber",
+    ]
 
 ModelLike = Union[None, str, "os.PathLike[str]", Model]
 

@@ -152,6 +152,51 @@ class Parser:
     def push(self, text: str) -> JSON: ...
     def finish(self) -> JSON: ...
 
+class Embedder:
+    """A pooling model (HF encoder folder): the pooling routes' computations in process."""
+
+    def __init__(self, model_dir: Union[str, "os.PathLike[str]"]) -> None: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def task(self) -> str: ...
+    def embed(
+        self,
+        texts: Union[str, Sequence[Union[str, Sequence[int]]]],
+        *,
+        dimensions: Optional[int] = None,
+        normalize: Optional[bool] = None,
+        truncate_prompt_tokens: Optional[int] = None,
+        truncation_side: Optional[str] = None,
+    ) -> Union[List[float], List[List[float]]]: ...
+    def score(
+        self,
+        queries: Union[str, Sequence[str]],
+        documents: Union[str, Sequence[str]],
+        *,
+        use_activation: Optional[bool] = None,
+        truncate_prompt_tokens: Optional[int] = None,
+        truncation_side: Optional[str] = None,
+    ) -> List[float]: ...
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int = 0,
+        use_activation: Optional[bool] = None,
+        truncate_prompt_tokens: Optional[int] = None,
+        truncation_side: Optional[str] = None,
+    ) -> List[JSON]: ...
+    def classify(
+        self,
+        texts: Union[str, Sequence[Union[str, Sequence[int]]]],
+        *,
+        use_activation: Optional[bool] = None,
+        truncate_prompt_tokens: Optional[int] = None,
+        truncation_side: Optional[str] = None,
+    ) -> List[JSON]: ...
+
 class EngineStream:
     @property
     def request_id(self) -> str: ...

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 mod convert;
 mod coupled;
 mod derenderer;
+mod embedder;
 mod engine;
 mod errors;
 mod model;
@@ -28,6 +29,7 @@ fn aphro_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<derenderer::PyChatStream>()?;
     m.add_class::<derenderer::PyCompletionStream>()?;
     m.add_class::<parse::PyParser>()?;
+    m.add_class::<embedder::PyEmbedder>()?;
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyEngineStream>()?;
     m.add_class::<coupled::PyCoupled>()?;
