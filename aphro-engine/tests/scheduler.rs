@@ -760,7 +760,8 @@ fn prefix_cache_chains_block_hashes() {
 #[test]
 fn requests_with_different_images_share_only_the_text_before_them() {
     use aphro_engine::kv_hash::MmPosition;
-    let p = prompt(21, 5);
+    let p = prompt(5, 21);
+    assert_eq!(p.len(), 21);
     // An image's placeholder run covers tokens 6..14 (blocks 1-3 of 4 tokens).
     let with_image = |id: &str, hash: &str| {
         let mut r = greedy(id, p.clone(), 4);
