@@ -664,7 +664,11 @@ fn image_urls_are_fetched_within_limits_from_allowed_domains_only() {
     );
     for path in ["/big.jpg", "/big-stream.jpg"] {
         let (status, msg, param) = err(&allowed, path);
-        assert_eq!((status, param.as_deref()), (422, Some("image_url")), "{path}");
+        assert_eq!(
+            (status, param.as_deref()),
+            (422, Some("image_url")),
+            "{path}"
+        );
         assert!(
             msg.starts_with(
                 "Failed to fetch media from URL: Remote media download exceeds \
@@ -675,9 +679,15 @@ fn image_urls_are_fetched_within_limits_from_allowed_domains_only() {
     }
     let started = Instant::now();
     let (status, msg, _) = err(&allowed, "/slow.jpg");
-    assert!(started.elapsed() < Duration::from_secs(3), "gave up in time");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "gave up in time"
+    );
     assert_eq!(status, 500, "{msg}");
-    assert!(msg.starts_with("Timed out fetching media from URL"), "{msg}");
+    assert!(
+        msg.starts_with("Timed out fetching media from URL"),
+        "{msg}"
+    );
     // Fetching off (no allowed domain): refused before any connection.
     let off = Renderer::new(
         loaded.clone(),

@@ -269,9 +269,11 @@ impl BlockManager {
             .take(max_blocks)
             .enumerate()
         {
-            let h = self
-                .hasher
-                .hash_block(parent.as_ref(), chunk, seq.extra_keys(i, self.block_size).as_deref());
+            let h = self.hasher.hash_block(
+                parent.as_ref(),
+                chunk,
+                seq.extra_keys(i, self.block_size).as_deref(),
+            );
             let Some(&b) = self.cached.get(&h) else { break };
             let meta = &self.blocks[b as usize];
             if meta.parent != parent || meta.tokens != chunk {
@@ -734,7 +736,10 @@ mod tests {
         // Another image with identical tokens: nothing is shared, its blocks are new.
         let (hit, events) = run(&mut m, "hash-b");
         assert_eq!(hit, 0);
-        let KvEvent::BlockStored { block_hashes: b, .. } = &events[0] else {
+        let KvEvent::BlockStored {
+            block_hashes: b, ..
+        } = &events[0]
+        else {
             panic!("stored: {events:?}")
         };
         assert!(b.iter().all(|x| !block_hashes.contains(x)));

@@ -341,7 +341,11 @@ pub(crate) mod tests {
                 });
             }
             let bs = self.block_size;
-            keys.extend(crate::kv_hash::mm_extra_keys(&self.mm, i * bs, (i + 1) * bs));
+            keys.extend(crate::kv_hash::mm_extra_keys(
+                &self.mm,
+                i * bs,
+                (i + 1) * bs,
+            ));
             if let (Some(salt), 0) = (&self.salt, i) {
                 keys.push(ExtraKey::CacheSalt(salt.clone()));
             }

@@ -44,7 +44,7 @@ fn truncation_side(py: Python<'_>, side: Option<&str>) -> PyResult<Option<Trunca
 /// One input: a string (with the model's special tokens) or a list of token ids.
 fn input_of(item: &Bound<'_, PyAny>) -> PyResult<EmbedInput> {
     if let Ok(s) = item.cast::<PyString>() {
-        return Ok(EmbedInput::Text(s.to_str()?.to_owned()));
+        return Ok(EmbedInput::Text(s.extract::<String>()?));
     }
     Ok(EmbedInput::Tokens(item.extract::<Vec<u32>>()?))
 }
@@ -64,7 +64,7 @@ fn inputs_of(texts: &Bound<'_, PyAny>) -> PyResult<(Vec<EmbedInput>, bool)> {
 /// A string or a sequence of strings, as a list.
 fn strings_of(v: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     if let Ok(s) = v.cast::<PyString>() {
-        return Ok(vec![s.to_str()?.to_owned()]);
+        return Ok(vec![s.extract::<String>()?]);
     }
     v.extract::<Vec<String>>()
 }

@@ -190,7 +190,11 @@ impl MediaFetcher {
     }
 
     /// One attempt: the request and every redirect within `timeout`.
-    fn fetch_once(&self, original: &str, timeout: Duration) -> std::result::Result<Vec<u8>, Failure> {
+    fn fetch_once(
+        &self,
+        original: &str,
+        timeout: Duration,
+    ) -> std::result::Result<Vec<u8>, Failure> {
         let Some(client) = &self.client else {
             return Err(Failure::Permanent(fetching_off()));
         };
@@ -235,10 +239,16 @@ impl MediaFetcher {
                     }
                     // Not following: the 3xx itself is the (non-error) answer, whose body is
                     // no image; aiohttp's `raise_for_status` lets it pass the same way.
-                    _ => return self.read_body(original, resp).map_err(|e| map_read(e, &timed_out)),
+                    _ => {
+                        return self
+                            .read_body(original, resp)
+                            .map_err(|e| map_read(e, &timed_out))
+                    }
                 }
             }
-            return self.read_body(original, resp).map_err(|e| map_read(e, &timed_out));
+            return self
+                .read_body(original, resp)
+                .map_err(|e| map_read(e, &timed_out));
         }
         Err(Failure::Permanent(unprocessable(
             original,
@@ -247,7 +257,11 @@ impl MediaFetcher {
     }
 
     /// The body, refused as soon as it is known to exceed the download limit.
-    fn read_body(&self, url: &str, resp: ureq::Response) -> std::result::Result<Vec<u8>, ReadError> {
+    fn read_body(
+        &self,
+        url: &str,
+        resp: ureq::Response,
+    ) -> std::result::Result<Vec<u8>, ReadError> {
         let limit = (self.options.max_download_mb > 0).then(|| self.options.max_download_mb * MIB);
         let too_big = |received: u64| {
             ReadError::Refused(unprocessable(
@@ -333,7 +347,10 @@ fn is_io_timeout(e: &std::io::Error) -> bool {
 fn is_timeout(e: &ureq::Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
-        if err.downcast_ref::<std::io::Error>().is_some_and(is_io_timeout) {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(is_io_timeout)
+        {
             return true;
         }
         cur = err.source();
@@ -469,7 +486,9 @@ mod tests {
         let bad = MediaFetchOptions::from_lookup(|k| {
             (k == "VLLM_IMAGE_FETCH_TIMEOUT").then(|| "soon".to_owned())
         });
-        assert!(bad.expect_err("not an int").contains("VLLM_IMAGE_FETCH_TIMEOUT"));
+        assert!(bad
+            .expect_err("not an int")
+            .contains("VLLM_IMAGE_FETCH_TIMEOUT"));
         assert_eq!(
             MediaFetchOptions::from_lookup(|_| None).expect("defaults"),
             MediaFetchOptions::default()
@@ -484,7 +503,10 @@ mod tests {
         let e = load_image_url("file:///etc/passwd", None).expect_err("off");
         assert_eq!(
             (e.status(), e.to_string().as_str()),
-            (500, "Cannot load local files without `--allowed-local-media-path`.")
+            (
+                500,
+                "Cannot load local files without `--allowed-local-media-path`."
+            )
         );
         let e = load_image_url("ftp://example.com/cat.png", None).expect_err("scheme");
         assert_eq!(
@@ -514,16 +536,25 @@ mod tests {
         let e = f.load(&escape).expect_err("outside");
         assert_eq!(e.status(), 400);
         assert!(
-            e.to_string().contains("must be a subpath of `--allowed-local-media-path"),
+            e.to_string()
+                .contains("must be a subpath of `--allowed-local-media-path"),
             "{e}"
         );
         // Fetching over http stays off: no domain was allowed.
-        assert_eq!(f.load("http://127.0.0.1:1/x.png").expect_err("off").status(), 500);
+        assert_eq!(
+            f.load("http://127.0.0.1:1/x.png")
+                .expect_err("off")
+                .status(),
+            500
+        );
         let missing = MediaFetcher::new(MediaFetchOptions {
             allowed_local_media_path: Some(dir.join("nope")),
             ..MediaFetchOptions::default()
         });
-        assert!(missing.expect_err("no dir").to_string().contains("does not exist"));
+        assert!(missing
+            .expect_err("no dir")
+            .to_string()
+            .contains("does not exist"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1070,11 +1070,7 @@ impl ServingEngine {
             sampling,
             priority: req.priority,
             cache_salt: req.cache_salt.clone(),
-            mm_features: req
-                .features
-                .as_ref()
-                .map(mm_positions)
-                .unwrap_or_default(),
+            mm_features: req.features.as_ref().map(mm_positions).unwrap_or_default(),
         };
         self.engine().validate(&ereq)?;
 

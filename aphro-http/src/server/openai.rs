@@ -98,9 +98,7 @@ async fn chat_completions(
         .flatten();
     let rendered = state
         .cpu
-        .run(inline_len, move || {
-            s.render_chat(chat, id.as_deref())
-        })
+        .run(inline_len, move || s.render_chat(chat, id.as_deref()))
         .await?;
     let mut rendered = rendered;
     if rendered.session.is_none() {
