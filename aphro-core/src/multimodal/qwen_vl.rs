@@ -211,7 +211,7 @@ impl QwenVlProcessor {
             PixelOutput::RawU8 => {
                 let mut data = Vec::with_capacity(rows * row_len);
                 order.for_each_line(&resized, |c, line| {
-                    data.extend(line.iter().skip(c).step_by(CHANNELS));
+                    data.extend(line.chunks_exact(CHANNELS).map(|px| px[c]));
                 });
                 Tensor {
                     dtype: "uint8",
@@ -229,21 +229,34 @@ impl QwenVlProcessor {
                     FloatDtype::Float32 => 4,
                     _ => 2,
                 };
-                let mut data = Vec::with_capacity(rows * row_len * width);
-                order.for_each_line(&resized, |c, line| {
-                    for &x in line.iter().skip(c).step_by(CHANNELS) {
-                        let v = (f32::from(x) - mean[c]) / std[c];
-                        match dtype {
-                            FloatDtype::BFloat16 => {
-                                data.extend(half::bf16::from_f32(v).to_bits().to_le_bytes())
-                            }
-                            FloatDtype::Float16 => {
-                                data.extend(half::f16::from_f32(v).to_bits().to_le_bytes())
-                            }
-                            FloatDtype::Float32 => data.extend(v.to_le_bytes()),
+                // The value depends only on (channel, byte): a table of the encoded bytes
+                // of all 3 × 256, so the patch loop is a copy.
+                let mut table = vec![0u8; CHANNELS * 256 * width];
+                for (i, entry) in table.chunks_exact_mut(width).enumerate() {
+                    let (c, x) = (i / 256, i % 256);
+                    let v = (x as f32 - mean[c]) / std[c];
+                    match dtype {
+                        FloatDtype::BFloat16 => {
+                            entry.copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes())
                         }
+                        FloatDtype::Float16 => {
+                            entry.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
+                        }
+                        FloatDtype::Float32 => entry.copy_from_slice(&v.to_le_bytes()),
                     }
+                }
+                let mut data = vec![0u8; rows * row_len * width];
+                let mut at = 0;
+                order.for_each_line(&resized, |c, line| {
+                    let channel = &table[c * 256 * width..(c + 1) * 256 * width];
+                    let dst = &mut data[at..at + line.len() / CHANNELS * width];
+                    for (d, px) in dst.chunks_exact_mut(width).zip(line.chunks_exact(CHANNELS)) {
+                        let x = usize::from(px[c]);
+                        d.copy_from_slice(&channel[x * width..(x + 1) * width]);
+                    }
+                    at += dst.len();
                 });
+                debug_assert_eq!(at, data.len());
                 Tensor {
                     dtype: dtype.name(),
                     shape: vec![rows, row_len],

@@ -96,23 +96,10 @@ impl AxisFilter {
             precision,
         }
     }
-
-    /// One output sample: the weighted sum of `len` inputs `stride` apart, rounded and clamped.
-    #[inline]
-    fn apply(&self, out_index: usize, src: &[u8], base: usize, stride: usize) -> u8 {
-        let t = &self.taps[out_index];
-        let w = &self.weights[out_index * self.ksize..out_index * self.ksize + t.len];
-        let mut acc: i32 = 1 << (self.precision - 1);
-        let mut pos = base + t.start * stride;
-        for &wk in w {
-            acc += i32::from(src[pos]) * i32::from(wk);
-            pos += stride;
-        }
-        (acc >> self.precision).clamp(0, 255) as u8
-    }
 }
 
 /// Resizes an interleaved RGB image (`width * height * 3` bytes) to `out_w` x `out_h`.
+#[allow(unsafe_code)]
 pub fn resize_rgb8_bicubic_aa(
     src: &[u8],
     width: usize,
@@ -120,19 +107,50 @@ pub fn resize_rgb8_bicubic_aa(
     out_w: usize,
     out_h: usize,
 ) -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked at run time); the body is safe code.
+        return unsafe { resize_avx2(src, width, height, out_w, out_h) };
+    }
+    resize(src, width, height, out_w, out_h)
+}
+
+/// The same code compiled for AVX2: the row sums vectorize 8 lanes wide (SSE2 has no
+/// 32-bit multiply), and the integer results are identical.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn resize_avx2(src: &[u8], width: usize, height: usize, out_w: usize, out_h: usize) -> Vec<u8> {
+    resize(src, width, height, out_w, out_h)
+}
+
+#[inline(always)]
+fn resize(src: &[u8], width: usize, height: usize, out_w: usize, out_h: usize) -> Vec<u8> {
     const C: usize = 3;
     debug_assert_eq!(src.len(), width * height * C);
     let horizontal;
     let (rows, row_w): (&[u8], usize) = if out_w != width {
         let f = AxisFilter::new(width, out_w);
         let mut out = vec![0u8; height * out_w * C];
-        for y in 0..height {
-            let in_row = y * width * C;
-            let out_row = &mut out[y * out_w * C..(y + 1) * out_w * C];
-            for x in 0..out_w {
-                for c in 0..C {
-                    out_row[x * C + c] = f.apply(x, src, in_row + c, C);
+        let round = 1i32 << (f.precision - 1);
+        for (in_row, out_row) in src
+            .chunks_exact(width * C)
+            .zip(out.chunks_exact_mut(out_w * C))
+        {
+            // The three channels of a pixel share its taps: one pass over them.
+            for (x, px) in out_row.chunks_exact_mut(C).enumerate() {
+                let t = &f.taps[x];
+                let w = &f.weights[x * f.ksize..x * f.ksize + t.len];
+                let input = &in_row[t.start * C..(t.start + t.len) * C];
+                let (mut r, mut g, mut b) = (round, round, round);
+                for (&wk, rgb) in w.iter().zip(input.chunks_exact(C)) {
+                    let wk = i32::from(wk);
+                    r += i32::from(rgb[0]) * wk;
+                    g += i32::from(rgb[1]) * wk;
+                    b += i32::from(rgb[2]) * wk;
                 }
+                px[0] = (r >> f.precision).clamp(0, 255) as u8;
+                px[1] = (g >> f.precision).clamp(0, 255) as u8;
+                px[2] = (b >> f.precision).clamp(0, 255) as u8;
             }
         }
         horizontal = out;
@@ -146,10 +164,22 @@ pub fn resize_rgb8_bicubic_aa(
     let f = AxisFilter::new(height, out_h);
     let stride = row_w * C;
     let mut out = vec![0u8; out_h * stride];
-    for y in 0..out_h {
-        let out_row = &mut out[y * stride..(y + 1) * stride];
-        for (i, o) in out_row.iter_mut().enumerate() {
-            *o = f.apply(y, rows, i, stride);
+    // Whole rows at a time (a weighted sum of input rows), so the inner loop runs over
+    // contiguous bytes and vectorizes; integer sums, so the order changes nothing.
+    let mut acc = vec![0i32; stride];
+    for (y, out_row) in out.chunks_exact_mut(stride).enumerate() {
+        let t = &f.taps[y];
+        let w = &f.weights[y * f.ksize..y * f.ksize + t.len];
+        acc.fill(1 << (f.precision - 1));
+        for (k, &wk) in w.iter().enumerate() {
+            let wk = i32::from(wk);
+            let row = &rows[(t.start + k) * stride..(t.start + k + 1) * stride];
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += i32::from(v) * wk;
+            }
+        }
+        for (o, &a) in out_row.iter_mut().zip(&acc) {
+            *o = (a >> f.precision).clamp(0, 255) as u8;
         }
     }
     out
