@@ -1,8 +1,9 @@
 //! Audio uploads to the 16 kHz mono float samples a speech model takes (`endpoints.md` §6.2).
 //!
-//! [`decode_audio`] reads WAV (PCM, float, ADPCM), FLAC, MP3 and Ogg Vorbis with symphonia,
-//! averages the channels to mono and resamples to 16 kHz with rubato when the file has
-//! another rate. MP3's LAME/Xing header (encoder delay and padding) is honoured, so an MP3
+//! [`decode_audio`] reads WAV (PCM, float, ADPCM), FLAC, MP3, Ogg Vorbis and Ogg Opus
+//! (symphonia demuxes and decodes; Opus packets go to `opus-decoder`, with the stream's
+//! pre-skip and end trim applied), averages the channels to mono and resamples to 16 kHz
+//! with rubato when the file has another rate. MP3's LAME/Xing header (encoder delay and padding) is honoured, so an MP3
 //! decodes to the samples the encoder was given, as PyAV/FFmpeg decode it for vLLM and
 //! faster-whisper. Every failure is an [`AudioError`] with a message a client can act on;
 //! nothing here panics on hostile input.
@@ -114,19 +115,30 @@ pub fn decode_audio_limited(
         .and_then(|p| p.audio())
         .ok_or_else(|| AudioError::Unsupported("The file has no audio track.".into()))?
         .clone();
+    let mut sink = MonoSink {
+        mono: Vec::new(),
+        rate: params.sample_rate.unwrap_or(0),
+        max_duration_s,
+    };
+    if params.codec == symphonia::core::codecs::audio::well_known::CODEC_ID_OPUS {
+        let channels = params.channels.as_ref().map_or(0, |c| c.count());
+        let pre_skip = track.delay.unwrap_or(0) as usize;
+        decode_opus(&mut *format, track_id, channels, pre_skip, &mut sink)?;
+        // The last granule position counts the pre-skip too (RFC 7845 §4).
+        let expected = expected_frames.map(|n| n.saturating_sub(pre_skip as u64));
+        return finish(sink, channels, expected);
+    }
     // Gapless (on by default) trims the MP3 encoder delay and padding the LAME header records.
     let mut decoder = symphonia::default::get_codecs()
         .make_audio_decoder(&params, &AudioDecoderOptions::default().gapless(true))
         .map_err(|e| {
             AudioError::Unsupported(format!(
-                "Its codec ({}) is not supported: this server decodes WAV, FLAC, MP3 and Ogg Vorbis ({e}).",
+                "Its codec ({}) is not supported: this server decodes WAV, FLAC, MP3, Ogg Vorbis and Ogg Opus ({e}).",
                 codec_name(&params)
             ))
         })?;
 
-    let mut rate = params.sample_rate.unwrap_or(0);
     let mut channels = params.channels.as_ref().map_or(0, |c| c.count());
-    let mut mono: Vec<f32> = Vec::new();
     let mut interleaved: Vec<f32> = Vec::new();
     loop {
         let packet = match format.next_packet() {
@@ -150,31 +162,57 @@ pub fn decode_audio_limited(
         if buf.frames() == 0 {
             continue;
         }
-        rate = buf.spec().rate();
+        sink.rate = buf.spec().rate();
         channels = buf.spec().channels().count();
-        if channels == 0 || rate == 0 {
+        buf.copy_to_vec_interleaved(&mut interleaved);
+        sink.push(&interleaved, channels)?;
+    }
+    finish(sink, channels, expected_frames)
+}
+
+/// Mono samples at the file's rate as packets decode, with the duration limit checked as
+/// they grow.
+struct MonoSink {
+    mono: Vec<f32>,
+    rate: u32,
+    max_duration_s: Option<f64>,
+}
+
+impl MonoSink {
+    /// Appends interleaved frames of `channels`, averaged to mono.
+    fn push(&mut self, interleaved: &[f32], channels: usize) -> Result<(), AudioError> {
+        if channels == 0 || self.rate == 0 {
             return Err(AudioError::Unsupported(
                 "The stream declares no channels or no sample rate.".into(),
             ));
         }
-        buf.copy_to_vec_interleaved(&mut interleaved);
         if channels == 1 {
-            mono.extend_from_slice(&interleaved);
+            self.mono.extend_from_slice(interleaved);
         } else {
             let scale = 1.0 / channels as f32;
-            mono.extend(
+            self.mono.extend(
                 interleaved
                     .chunks_exact(channels)
                     .map(|frame| frame.iter().sum::<f32>() * scale),
             );
         }
-        if let Some(max_s) = max_duration_s {
-            let duration_s = mono.len() as f64 / f64::from(rate);
+        if let Some(max_s) = self.max_duration_s {
+            let duration_s = self.mono.len() as f64 / f64::from(self.rate);
             if duration_s > max_s {
                 return Err(AudioError::TooLong { duration_s, max_s });
             }
         }
+        Ok(())
     }
+}
+
+/// The checks after the last packet, then the resampling to 16 kHz.
+fn finish(
+    sink: MonoSink,
+    channels: usize,
+    expected_frames: Option<u64>,
+) -> Result<DecodedAudio, AudioError> {
+    let MonoSink { mono, rate, .. } = sink;
     if mono.is_empty() {
         return Err(AudioError::NoSamples);
     }
@@ -200,6 +238,54 @@ pub fn decode_audio_limited(
         channels_in: u16::try_from(channels).unwrap_or(u16::MAX),
         duration_s,
     })
+}
+
+/// Ogg Opus (RFC 7845): every packet of the track through `opus-decoder` at 48 kHz, each
+/// packet's end trim (the last page's granule position) applied, then the header's
+/// `pre_skip` samples dropped from the start, as libopus-based decoders (FFmpeg) do.
+fn decode_opus(
+    format: &mut dyn symphonia::core::formats::FormatReader,
+    track_id: u32,
+    channels: usize,
+    pre_skip: usize,
+    sink: &mut MonoSink,
+) -> Result<(), AudioError> {
+    if !(1..=2).contains(&channels) {
+        return Err(AudioError::Unsupported(format!(
+            "Its Opus stream has {channels} channels: this server decodes mono and stereo Opus."
+        )));
+    }
+    sink.rate = 48_000;
+    let mut decoder = opus_decoder::OpusDecoder::new(48_000, channels).map_err(|e| {
+        AudioError::Unsupported(format!("Its Opus stream cannot be decoded ({e})."))
+    })?;
+    let mut pcm = vec![0f32; decoder.max_frame_size_per_channel() * channels];
+    let mut skip = pre_skip;
+    loop {
+        let packet = match format.next_packet() {
+            Ok(Some(p)) => p,
+            Ok(None) => break,
+            Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(AudioError::Truncated(
+                    "the stream ends in the middle of a packet".into(),
+                ));
+            }
+            Err(SymphoniaError::ResetRequired) => break,
+            Err(e) => return Err(AudioError::Truncated(e.to_string())),
+        };
+        if packet.track_id != track_id || packet.data.is_empty() {
+            continue;
+        }
+        let frames = decoder
+            .decode_float(&packet.data, &mut pcm, false)
+            .map_err(|e| AudioError::Truncated(format!("a broken Opus packet: {e}")))?;
+        let trim_end = (packet.trim_end.get() as usize).min(frames);
+        let keep = frames - trim_end;
+        let drop = skip.min(keep);
+        skip -= drop;
+        sink.push(&pcm[drop * channels..keep * channels], channels)?;
+    }
+    Ok(())
 }
 
 /// Band-limited resampling of a mono clip (rubato's synchronous FFT resampler), trimmed to
@@ -357,15 +443,30 @@ mod tests {
         assert!((rms(&ogg.samples) - rms(&wav.samples)).abs() < 0.01);
     }
 
+    /// Ogg Opus (`ffmpeg -c:a libopus` of a10 at 16 kHz): lossy, so compared in length and
+    /// level with the WAV it was made from; the pre-skip and end trim leave exactly its frames.
     #[test]
-    fn ogg_opus_is_refused_by_name() {
-        let e = decode_audio(&testdata("a10_yes.opus"), Some("a10_yes.opus")).expect_err("opus");
-        assert!(matches!(e, AudioError::Unsupported(_)), "{e:?}");
-        let msg = e.to_string();
+    fn ogg_opus_decodes_to_the_wav_length() {
+        let wav = decode_audio(&testdata("a10_yes.wav"), None).expect("wav");
+        let opus = decode_audio(&testdata("a10_yes.opus"), Some("a10_yes.opus")).expect("opus");
+        assert_eq!(opus.sample_rate_in, 48_000);
+        assert_eq!(opus.samples.len(), wav.samples.len());
         assert!(
-            msg.starts_with(INVALID_AUDIO) && msg.contains("Opus"),
-            "{msg}"
+            (rms(&opus.samples) - rms(&wav.samples)).abs() < 0.01,
+            "{} vs {}",
+            rms(&opus.samples),
+            rms(&wav.samples)
         );
+        // A cut file is an error at every length, never a panic or a shorter clip.
+        let bytes = testdata("a10_yes.opus");
+        for cut in (1..bytes.len()).step_by(97) {
+            let r = decode_audio(&bytes[..cut], Some("a10_yes.opus"));
+            assert!(
+                r.is_err(),
+                "cut at {cut}: {} samples",
+                r.map_or(0, |a| a.samples.len())
+            );
+        }
     }
 
     /// Stereo is averaged to mono and 44.1 kHz resampled to 16 kHz with the duration kept and

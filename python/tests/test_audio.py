@@ -80,7 +80,7 @@ def test_streaming(client):
     assert len(done) == 1 and _norm(done[0].text) == _reference("a01_hello_us")
 
 
-def test_flac_and_mp3_uploads(client):
+def test_flac_mp3_and_opus_uploads(client):
     with open(AUDIO / "a01_hello_us.flac", "rb") as f:
         r = client.audio.transcriptions.create(model=MODEL, file=f)
     assert _norm(r.text) == _reference("a01_hello_us@flac")
@@ -89,6 +89,10 @@ def test_flac_and_mp3_uploads(client):
     # Another MP3 decoder than PyAV's: equal sample count, close but not bit-equal samples; the
     # transcript is faster-whisper's on the MP3 or on the lossless original.
     assert _norm(r.text) in {_reference("a04_slow_female@mp3"), _reference("a04_slow_female")}
+    # Ogg Opus (lossy, made from a10's WAV): the WAV's transcript.
+    with open(AUDIO / "a10_yes.opus", "rb") as f:
+        r = client.audio.transcriptions.create(model=MODEL, file=f)
+    assert _norm(r.text) == _reference("a10_yes")
 
 
 def test_bad_upload_is_a_400(client):
