@@ -32,7 +32,7 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1
 fi
-cargo test -p aphro-engine --features wgpu --test paged_attention_wgpu --test arch_moe --locked
+cargo test -p aphro-engine --features wgpu --test paged_attention_wgpu --test arch_moe --test pooling_wgpu --locked
 
 # Python bindings (python/): a fresh venv, the extension installed the way users install it
 # (`pip install ./python`, maturin's PEP 517 backend, shared cargo target dir), then pytest.
