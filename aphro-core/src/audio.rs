@@ -140,18 +140,7 @@ pub fn decode_audio_limited(
 
     let mut channels = params.channels.as_ref().map_or(0, |c| c.count());
     let mut interleaved: Vec<f32> = Vec::new();
-    loop {
-        let packet = match format.next_packet() {
-            Ok(Some(p)) => p,
-            Ok(None) => break,
-            Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(AudioError::Truncated(
-                    "the stream ends in the middle of a packet".into(),
-                ));
-            }
-            Err(SymphoniaError::ResetRequired) => break,
-            Err(e) => return Err(AudioError::Truncated(e.to_string())),
-        };
+    while let Some(packet) = next_packet(&mut *format)? {
         if packet.track_id != track_id {
             continue;
         }
@@ -168,6 +157,21 @@ pub fn decode_audio_limited(
         sink.push(&interleaved, channels)?;
     }
     finish(sink, channels, expected_frames)
+}
+
+/// The next packet of the stream, `None` at its end; a stream cut inside a packet or broken
+/// is [`AudioError::Truncated`].
+fn next_packet(
+    format: &mut dyn symphonia::core::formats::FormatReader,
+) -> Result<Option<symphonia::core::packet::Packet>, AudioError> {
+    match format.next_packet() {
+        Ok(p) => Ok(p),
+        Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(
+            AudioError::Truncated("the stream ends in the middle of a packet".into()),
+        ),
+        Err(SymphoniaError::ResetRequired) => Ok(None),
+        Err(e) => Err(AudioError::Truncated(e.to_string())),
+    }
 }
 
 /// Mono samples at the file's rate as packets decode, with the duration limit checked as
@@ -261,18 +265,7 @@ fn decode_opus(
     })?;
     let mut pcm = vec![0f32; decoder.max_frame_size_per_channel() * channels];
     let mut skip = pre_skip;
-    loop {
-        let packet = match format.next_packet() {
-            Ok(Some(p)) => p,
-            Ok(None) => break,
-            Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(AudioError::Truncated(
-                    "the stream ends in the middle of a packet".into(),
-                ));
-            }
-            Err(SymphoniaError::ResetRequired) => break,
-            Err(e) => return Err(AudioError::Truncated(e.to_string())),
-        };
+    while let Some(packet) = next_packet(&mut *format)? {
         if packet.track_id != track_id || packet.data.is_empty() {
             continue;
         }
