@@ -27,8 +27,13 @@ impl SeqRng {
 
     /// Uniform in [0, 1) with 53 random bits.
     fn next_f64(&mut self) -> f64 {
-        (self.0.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        unit_interval(self.0.next_u64())
     }
+}
+
+/// Uniform in [0, 1) from the top 53 bits of a random `u64`.
+pub fn unit_interval(bits: u64) -> f64 {
+    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
 /// Reusable buffers so a step does not allocate per token.
@@ -103,7 +108,13 @@ pub fn sample(
             *x += b;
         }
     }
-    apply_penalties(l, plan, input.prompt, input.output, &mut scratch.marks);
+    apply_penalties(
+        l,
+        plan.penalties(),
+        input.prompt,
+        input.output,
+        &mut scratch.marks,
+    );
 
     let token_id = if plan.greedy {
         argmax(l)
@@ -112,7 +123,7 @@ pub fn sample(
         for x in l.iter_mut() {
             *x *= inv_t;
         }
-        sample_random(l, plan, rng, &mut scratch.order)
+        draw(l, plan.truncation(), rng.next_f64(), &mut scratch.order)
     };
     // Every token the grammar allows was masked by another rule (min_tokens, bad words,
     // allowed ids): nothing valid remains, so the sequence ends rather than break the grammar.
@@ -140,18 +151,85 @@ fn set(l: &mut [f32], t: u32, v: f32) {
     }
 }
 
+/// The penalties on tokens already seen; the neutral values (1, 0, 0) leave logits alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Penalties {
+    pub repetition: f32,
+    pub frequency: f32,
+    pub presence: f32,
+}
+
+impl Penalties {
+    pub const NONE: Penalties = Penalties {
+        repetition: 1.0,
+        frequency: 0.0,
+        presence: 0.0,
+    };
+}
+
+impl Default for Penalties {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+/// The filters on the temperature-scaled distribution before a random draw; the neutral
+/// values (`min_p` 0, `top_k` 0, `top_p` 1) keep every candidate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Truncation {
+    pub min_p: f32,
+    /// 0 = disabled.
+    pub top_k: usize,
+    pub top_p: f32,
+}
+
+impl Truncation {
+    pub const NONE: Truncation = Truncation {
+        min_p: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+}
+
+impl Default for Truncation {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+impl SamplingPlan {
+    pub fn penalties(&self) -> Penalties {
+        Penalties {
+            repetition: self.repetition_penalty,
+            frequency: self.frequency_penalty,
+            presence: self.presence_penalty,
+        }
+    }
+
+    pub fn truncation(&self) -> Truncation {
+        Truncation {
+            min_p: self.min_p,
+            top_k: self.top_k,
+            top_p: self.top_p,
+        }
+    }
+}
+
 /// vLLM `apply_penalties`: repetition over prompt+output (divide positive logits, multiply
-/// negative ones), frequency (× count) and presence (once) over the output only.
-fn apply_penalties(
+/// negative ones), frequency (× count) and presence (once) over the output only. `counts` is
+/// scratch space.
+pub fn apply_penalties(
     l: &mut [f32],
-    plan: &SamplingPlan,
+    penalties: Penalties,
     prompt: &[u32],
     output: &[u32],
     counts: &mut Vec<u32>,
 ) {
-    let rep = plan.repetition_penalty;
-    let freq = plan.frequency_penalty;
-    let pres = plan.presence_penalty;
+    let Penalties {
+        repetition: rep,
+        frequency: freq,
+        presence: pres,
+    } = penalties;
     if rep == 1.0 && freq == 0.0 && pres == 0.0 {
         return;
     }
@@ -196,46 +274,41 @@ fn argmax(l: &[f32]) -> u32 {
     best as u32
 }
 
-/// min_p → top_k → top_p on temperature-scaled logits, then one uniform draw.
-fn sample_random(
-    l: &mut [f32],
-    plan: &SamplingPlan,
-    rng: &mut SeqRng,
-    order: &mut Vec<u32>,
-) -> u32 {
-    let u = rng.next_f64();
+/// min_p → top_k → top_p on temperature-scaled logits `l`, then the token that the uniform
+/// draw `u` in [0, 1) lands on. `order` is scratch space.
+pub fn draw(l: &mut [f32], trunc: Truncation, u: f64, order: &mut Vec<u32>) -> u32 {
     let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY || max.is_nan() {
         // Everything masked: nothing sensible to draw; the lowest id keeps it deterministic.
         return argmax(l);
     }
-    if plan.min_p > 0.0 {
+    if trunc.min_p > 0.0 {
         // p_i >= min_p * p_max  <=>  l_i - l_max >= ln(min_p).
-        let cut = max + plan.min_p.ln();
+        let cut = max + trunc.min_p.ln();
         for x in l.iter_mut() {
             if *x < cut {
                 *x = f32::NEG_INFINITY;
             }
         }
     }
-    let needs_sort = plan.top_k > 0 || plan.top_p < 1.0;
+    let needs_sort = trunc.top_k > 0 || trunc.top_p < 1.0;
     order.clear();
     order.extend((0..l.len() as u32).filter(|&i| l[i as usize] > f32::NEG_INFINITY));
     if needs_sort {
         // Descending by logit, ties by id, so the result does not depend on sort internals.
         order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
-        if plan.top_k > 0 && plan.top_k < order.len() {
+        if trunc.top_k > 0 && trunc.top_k < order.len() {
             // Keep every candidate tied with the k-th (vLLM masks `logits < kth`).
-            let kth = l[order[plan.top_k - 1] as usize];
+            let kth = l[order[trunc.top_k - 1] as usize];
             let keep = order.iter().take_while(|&&i| l[i as usize] >= kth).count();
             order.truncate(keep);
         }
-        if plan.top_p < 1.0 {
+        if trunc.top_p < 1.0 {
             let z: f64 = order
                 .iter()
                 .map(|&i| ((l[i as usize] - max) as f64).exp())
                 .sum();
-            let p = plan.top_p as f64;
+            let p = trunc.top_p as f64;
             let mut before = 0.0f64;
             let mut keep = 0usize;
             for &i in order.iter() {

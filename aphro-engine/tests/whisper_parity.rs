@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use aphro_engine::speech::mel::MelFrontEnd;
 use aphro_engine::speech::{
-    GenerateRequest, SpeechError, TranscribeOptions, Transcriber, TranscriberConfig,
+    GenerateRequest, Penalties, SpeechError, TranscribeOptions, Transcriber, TranscriberConfig,
 };
 use serde_json::Value;
 
@@ -345,6 +345,53 @@ fn transcripts_equal_faster_whisper() {
     );
 }
 
+/// `hotwords`, `repetition_penalty` and an initial prompt with hotwords against faster-whisper
+/// 1.2.1 (`testdata/audio/option_goldens.jsonl`, made by
+/// `scripts/make_whisper_option_goldens.py`): the same tokens in every segment.
+#[test]
+fn decoding_options_equal_faster_whisper() {
+    let t = transcriber();
+    let goldens = std::fs::read_to_string(testdata("option_goldens.jsonl")).expect("goldens");
+    let mut penalized_differs = false;
+    for line in goldens.lines() {
+        let case: Value = serde_json::from_str(line).expect("json");
+        let what = format!("{} {}", case["clip"], case["options"]);
+        let o = &case["options"];
+        let opts = TranscribeOptions {
+            hotwords: o["hotwords"].as_str().map(str::to_owned),
+            prompt: o["initial_prompt"].as_str().map(str::to_owned),
+            penalties: Penalties {
+                repetition: o["repetition_penalty"].as_f64().unwrap_or(1.0) as f32,
+                ..Penalties::NONE
+            },
+            ..Default::default()
+        };
+        let samples = read_wav(&testdata(case["clip"].as_str().expect("clip")));
+        let got = t.transcribe(&samples, &opts).expect("transcribe");
+        let want = case["segments"].as_array().expect("segments");
+        let got_tokens: Vec<&Vec<u32>> = got.segments.iter().map(|s| &s.tokens).collect();
+        let want_tokens: Vec<Vec<u32>> = want.iter().map(|w| ids(&w["tokens"])).collect();
+        assert_eq!(got_tokens.len(), want_tokens.len(), "{what}: segment count");
+        for (g, w) in got_tokens.iter().zip(&want_tokens) {
+            assert_eq!(*g, w, "{what}: tokens");
+        }
+        assert_eq!(
+            normalize(&got.text),
+            normalize(case["text"].as_str().expect("text"))
+        );
+        if o.get("repetition_penalty").is_some() {
+            let plain = t
+                .transcribe(&samples, &TranscribeOptions::default())
+                .expect("transcribe");
+            penalized_differs |= plain.text != got.text;
+        }
+    }
+    assert!(
+        penalized_differs,
+        "some penalized case must differ from plain greedy, or the goldens test nothing"
+    );
+}
+
 #[test]
 fn request_errors_are_typed_400s() {
     let t = transcriber();
@@ -373,6 +420,21 @@ fn request_errors_are_typed_400s() {
         &[0.0; 16][..],
     );
     assert_eq!(e.status(), 400);
+    let e = err(
+        TranscribeOptions {
+            penalties: Penalties {
+                repetition: 0.0,
+                ..Penalties::NONE
+            },
+            ..Default::default()
+        },
+        &[0.0; 16][..],
+    );
+    assert_eq!(e.status(), 400);
+    assert_eq!(
+        e.to_string(),
+        "repetition_penalty must be greater than zero, got 0.0."
+    );
     // An English-only model takes any Whisper language as English (faster-whisper).
     let ok = t
         .transcribe(

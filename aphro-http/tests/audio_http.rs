@@ -261,6 +261,42 @@ async fn malformed_forms_are_vllms_errors() {
             StatusCode::BAD_REQUEST,
             "n must be 1",
         ),
+        // SamplingParams' checks with vLLM's messages.
+        (
+            vec![file, ("temperature", None, b"-1")],
+            StatusCode::BAD_REQUEST,
+            "temperature must be non-negative, got -1.0.",
+        ),
+        (
+            vec![file, ("top_p", None, b"0")],
+            StatusCode::BAD_REQUEST,
+            "top_p must be in (0, 1], got 0.0.",
+        ),
+        (
+            vec![file, ("top_k", None, b"-2")],
+            StatusCode::BAD_REQUEST,
+            "top_k must be 0 (disable), or at least 1, got -2.",
+        ),
+        (
+            vec![file, ("min_p", None, b"1.5")],
+            StatusCode::BAD_REQUEST,
+            "min_p must be in [0, 1], got 1.5.",
+        ),
+        (
+            vec![file, ("repetition_penalty", None, b"0")],
+            StatusCode::BAD_REQUEST,
+            "repetition_penalty must be greater than zero, got 0.0.",
+        ),
+        (
+            vec![file, ("presence_penalty", None, b"3")],
+            StatusCode::BAD_REQUEST,
+            "presence_penalty must be in [-2, 2], got 3.0.",
+        ),
+        (
+            vec![file, ("timestamp_granularities[]", None, b"word")],
+            StatusCode::BAD_REQUEST,
+            "timestamp_granularities[]=word is not supported",
+        ),
     ];
     for (parts, status, want) in cases {
         let r = post(app(), TRANSCRIBE, &parts).await;

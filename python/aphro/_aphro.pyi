@@ -254,4 +254,13 @@ class Transcriber:
         language: Optional[str] = None,
         prompt: Optional[str] = None,
         response_format: str = "json",
+        hotwords: Optional[str] = None,
+        temperature: float = 0.0,
+        seed: Optional[int] = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
     ) -> Union[Dict[str, Any], str]: ...

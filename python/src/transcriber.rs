@@ -1,7 +1,9 @@
 //! `aphro.Transcriber`: speech to text on a Whisper folder, the same decode, options and
 //! response bodies as `/v1/audio/transcriptions` (`aphro_engine::transcription`).
 use aphro_core::audio::format::ResponseFormat;
-use aphro_engine::speech::{TranscribeOptions, Transcriber, TranscriberConfig};
+use aphro_engine::speech::{
+    Penalties, TranscribeOptions, Transcriber, TranscriberConfig, Truncation,
+};
 use aphro_engine::transcription::{
     decode_upload, render, TranscriptionBody, TranscriptionError, UploadLimits,
 };
@@ -45,7 +47,13 @@ impl PyTranscriber {
     /// Transcribes `audio` (a file path, or the file's bytes: WAV, FLAC, MP3, Ogg Vorbis).
     /// Returns what the HTTP route's body holds: a dict for `json` / `verbose_json`, a str
     /// for `text`, `srt` and `vtt`.
-    #[pyo3(signature = (audio, *, language=None, prompt=None, response_format="json"))]
+    ///
+    /// `temperature` 0 decodes greedily; above 0 it samples (seeded by `seed`) through
+    /// `top_p` / `top_k` / `min_p`. The penalties and `hotwords` act as on the HTTP route.
+    #[pyo3(signature = (audio, *, language=None, prompt=None, response_format="json",
+        hotwords=None, temperature=0.0, seed=None, top_p=1.0, top_k=0, min_p=0.0,
+        repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0))]
+    #[allow(clippy::too_many_arguments)]
     fn transcribe(
         &self,
         py: Python<'_>,
@@ -53,6 +61,15 @@ impl PyTranscriber {
         language: Option<String>,
         prompt: Option<String>,
         response_format: &str,
+        hotwords: Option<String>,
+        temperature: f32,
+        seed: Option<u64>,
+        top_p: f32,
+        top_k: usize,
+        min_p: f32,
+        repetition_penalty: f32,
+        frequency_penalty: f32,
+        presence_penalty: f32,
     ) -> PyResult<Py<PyAny>> {
         let format = ResponseFormat::parse(response_format).map_err(|m| {
             crate::errors::make(py, &m, 400, "BadRequestError", Some("response_format"))
@@ -72,6 +89,19 @@ impl PyTranscriber {
         let options = TranscribeOptions {
             language,
             prompt,
+            hotwords,
+            temperature,
+            seed,
+            truncation: Truncation {
+                min_p,
+                top_k,
+                top_p,
+            },
+            penalties: Penalties {
+                repetition: repetition_penalty,
+                frequency: frequency_penalty,
+                presence: presence_penalty,
+            },
             ..TranscribeOptions::default()
         };
         let body = py

@@ -101,6 +101,39 @@ def test_bad_upload_is_a_400(client):
     assert "Invalid or unsupported audio file." in str(e.value)
 
 
+def _option_goldens():
+    with open(AUDIO / "option_goldens.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_decoding_options_over_http(client):
+    """`hotwords` and the penalties sent as extra form fields reach the decoder: the text
+    equals faster-whisper's with the same options; a bad value is vLLM's 400."""
+    for case in _option_goldens():
+        options = case["options"]
+        if "initial_prompt" in options:
+            options = {**options, "prompt": options["initial_prompt"]}
+            del options["initial_prompt"]
+        with open(AUDIO / case["clip"], "rb") as f:
+            got = client.audio.transcriptions.create(model=MODEL, file=f, extra_body=options)
+        assert _norm(got.text) == _norm(case["text"]), case["options"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.transcriptions.create(
+            model=MODEL,
+            file=("yes.wav", (AUDIO / "a10_yes.wav").read_bytes()),
+            extra_body={"top_p": 0},
+        )
+    assert "top_p must be in (0, 1], got 0.0." in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.transcriptions.create(
+            model=MODEL,
+            file=("yes.wav", (AUDIO / "a10_yes.wav").read_bytes()),
+            response_format="verbose_json",
+            timestamp_granularities=["word"],
+        )
+    assert "timestamp_granularities[]=word is not supported" in str(e.value)
+
+
 def test_transcriber_in_process():
     if not (WHISPER / "model.bin").is_file():
         pytest.fail(f"{WHISPER} missing: run scripts/fetch_assets.py")
@@ -112,3 +145,20 @@ def test_transcriber_in_process():
     assert _norm(t.transcribe(data, response_format="text")) == _reference("a10_yes")
     with pytest.raises(aphro.BadRequestError):
         t.transcribe(b"")
+    # Decoding options, against faster-whisper's goldens.
+    for case in _option_goldens():
+        o = case["options"]
+        out = t.transcribe(
+            str(AUDIO / case["clip"]),
+            hotwords=o.get("hotwords"),
+            prompt=o.get("initial_prompt"),
+            repetition_penalty=o.get("repetition_penalty", 1.0),
+        )
+        assert _norm(out["text"]) == _norm(case["text"]), o
+    # Sampling with top_k=1 keeps only the best token: the greedy transcript.
+    greedy = t.transcribe(str(AUDIO / "clips" / "a04_slow_female.wav"))["text"]
+    assert t.transcribe(
+        str(AUDIO / "clips" / "a04_slow_female.wav"), temperature=1.0, seed=5, top_k=1
+    )["text"] == greedy
+    with pytest.raises(aphro.BadRequestError, match="min_p must be in"):
+        t.transcribe(data, temperature=1.0, min_p=2.0)

@@ -11,6 +11,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::model::{DecoderState, WhisperModel};
 use super::tokens::SpecialTokens;
+use crate::sampler::{apply_penalties, draw, unit_interval, Penalties, Truncation};
 
 /// How a window is decoded.
 pub(crate) struct DecodeRules<'a> {
@@ -24,7 +25,10 @@ pub(crate) struct DecodeRules<'a> {
     /// Index of the last timestamp allowed first (`max_initial_timestamp / 0.02`).
     pub max_initial_timestamp_index: u32,
     pub max_new_tokens: usize,
+    /// 0: greedy (the truncation is then moot; penalties still apply, as in vLLM).
     pub temperature: f32,
+    pub truncation: Truncation,
+    pub penalties: Penalties,
 }
 
 /// The outcome of one window.
@@ -57,6 +61,7 @@ pub(crate) fn decode_window(
         model.logits(state, last);
     }
     let mut tokens: Vec<u32> = Vec::with_capacity(rules.max_new_tokens);
+    let mut scratch = PickScratch::default();
     let mut sum_logprob = 0f64;
     for step in 0..rules.max_new_tokens {
         if step > 0 {
@@ -64,6 +69,14 @@ pub(crate) fn decode_window(
             model.logits(state, 0);
         }
         let logits = &mut state.logits;
+        // CTranslate2's processor order: penalties first, then suppression and timestamps.
+        apply_penalties(
+            logits,
+            rules.penalties,
+            prompt,
+            &tokens,
+            &mut scratch.counts,
+        );
         for &t in rules.suppress {
             mask(logits, t);
         }
@@ -75,7 +88,7 @@ pub(crate) fn decode_window(
         if rules.timestamps {
             apply_timestamp_rules(logits, &tokens, step, rules);
         }
-        let (token, logprob) = pick(logits, rules.temperature, rng);
+        let (token, logprob) = pick(logits, rules, rng, &mut scratch);
         sum_logprob += logprob;
         if token == sp.eot {
             break;
@@ -174,29 +187,30 @@ fn softmax_at(logits: &[f32], i: usize) -> f64 {
     logits.get(i).map_or(0.0, |&x| (x as f64 - lse).exp())
 }
 
-/// The next token and its log-probability under the (masked) distribution: the argmax
-/// (the first on ties), or a sample at `temperature`.
-fn pick(logits: &[f32], temperature: f32, rng: &mut ChaCha8Rng) -> (u32, f64) {
+/// Buffers [`pick`] reuses across the steps of a window.
+#[derive(Default)]
+struct PickScratch {
+    scaled: Vec<f32>,
+    order: Vec<u32>,
+    counts: Vec<u32>,
+}
+
+/// The next token and its log-probability under the (penalized, masked) distribution, as
+/// CTranslate2 scores it: the argmax (the first on ties), or at `temperature > 0` a draw
+/// through the engine's sampler (min_p → top_k → top_p on the scaled logits).
+fn pick(
+    logits: &[f32],
+    rules: &DecodeRules<'_>,
+    rng: &mut ChaCha8Rng,
+    scratch: &mut PickScratch,
+) -> (u32, f64) {
     let lse = logsumexp(logits);
-    let best = if temperature > 0.0 {
-        // Sample from softmax(logits / T) by inverse CDF.
-        let t = temperature as f64;
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let total: f64 = logits.iter().map(|&x| ((x as f64 - max) / t).exp()).sum();
-        let unit = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-        let mut u = unit * total;
-        let mut chosen = 0;
-        for (i, &x) in logits.iter().enumerate() {
-            let p = ((x as f64 - max) / t).exp();
-            if p > 0.0 {
-                chosen = i;
-                if u < p {
-                    break;
-                }
-                u -= p;
-            }
-        }
-        chosen
+    let best = if rules.temperature > 0.0 {
+        let inv_t = 1.0 / rules.temperature;
+        scratch.scaled.clear();
+        scratch.scaled.extend(logits.iter().map(|&x| x * inv_t));
+        let u = unit_interval(rng.next_u64());
+        draw(&mut scratch.scaled, rules.truncation, u, &mut scratch.order) as usize
     } else {
         let mut best = 0;
         for (i, &x) in logits.iter().enumerate() {
@@ -240,6 +254,8 @@ mod tests {
             max_initial_timestamp_index: 2,
             max_new_tokens: 10,
             temperature: 0.0,
+            truncation: Truncation::NONE,
+            penalties: Penalties::NONE,
         }
     }
 
@@ -298,21 +314,77 @@ mod tests {
 
     #[test]
     fn greedy_and_seeded_sampling() {
+        let sp = special();
+        let greedy = rules(&sp);
+        let mut scratch = PickScratch::default();
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         let l = vec![0.0f32, 2.0, 2.0, f32::NEG_INFINITY];
-        let (t, lp) = pick(&l, 0.0, &mut rng);
+        let (t, lp) = pick(&l, &greedy, &mut rng, &mut scratch);
         assert_eq!(t, 1, "ties go to the first");
         assert!((lp - (2.0 - logsumexp(&l))).abs() < 1e-9);
-        let draw = |seed| {
+        let sample = |rules: &DecodeRules<'_>, seed| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            (0..20)
-                .map(|_| pick(&l, 1.0, &mut rng).0)
+            let mut scratch = PickScratch::default();
+            (0..40)
+                .map(|_| pick(&l, rules, &mut rng, &mut scratch).0)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(draw(7), draw(7));
+        let hot = DecodeRules {
+            temperature: 1.0,
+            ..rules(&sp)
+        };
+        let draws = sample(&hot, 7);
+        assert_eq!(draws, sample(&hot, 7), "a seed repeats its draws");
         assert!(
-            draw(7).iter().all(|&t| t < 3),
+            draws.iter().all(|&t| t < 3),
             "a masked token is never sampled"
+        );
+        assert!(
+            draws.contains(&0),
+            "at T=1 the unlikely token 0 comes up in 40 draws"
+        );
+        // top_k = 2 keeps the two tied best; min_p = 0.5 drops token 0 (e^-2 < 0.5) too.
+        for truncation in [
+            Truncation {
+                top_k: 2,
+                ..Truncation::NONE
+            },
+            Truncation {
+                min_p: 0.5,
+                ..Truncation::NONE
+            },
+        ] {
+            let filtered = DecodeRules { truncation, ..hot };
+            let draws = sample(&filtered, 7);
+            assert!(
+                draws.iter().all(|&t| t == 1 || t == 2),
+                "{truncation:?}: {draws:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn penalties_count_the_prompt_and_the_output() {
+        let (prompt, output) = ([1u32], [2u32, 2]);
+        let mut counts = Vec::new();
+        let mut l = vec![1.0f32, 4.0, 4.0, -1.0];
+        let rep = Penalties {
+            repetition: 2.0,
+            ..Penalties::NONE
+        };
+        apply_penalties(&mut l, rep, &prompt, &output, &mut counts);
+        assert_eq!(l, vec![1.0, 2.0, 2.0, -1.0]);
+        let mut l = vec![1.0f32, 4.0, 4.0, -1.0];
+        let freq = Penalties {
+            frequency: 0.5,
+            presence: 1.0,
+            ..Penalties::NONE
+        };
+        apply_penalties(&mut l, freq, &prompt, &output, &mut counts);
+        assert_eq!(
+            l,
+            vec![1.0, 4.0, 2.0, -1.0],
+            "frequency and presence count the output only"
         );
     }
 }

@@ -22,6 +22,7 @@ mod model;
 mod tokens;
 mod transcribe;
 
+pub use crate::sampler::{Penalties, Truncation};
 pub use model::WhisperDims;
 pub use tokens::{VLLM_SUPPORTED_LANGUAGES, WHISPER_LANGUAGES};
 
@@ -49,8 +50,15 @@ pub struct TranscribeOptions {
     /// Initial prompt: text that conditions the first window, as openai-whisper's
     /// `initial_prompt`.
     pub prompt: Option<String>,
+    /// Hint phrases (faster-whisper's `hotwords`): put after `<|startofprev|>` in every
+    /// window's prompt, before the previous text.
+    pub hotwords: Option<String>,
     /// 0: greedy.
     pub temperature: f32,
+    /// min_p / top_k / top_p on the draw when `temperature > 0` (the engine's sampler).
+    pub truncation: Truncation,
+    /// Repetition, frequency and presence penalties over each window's prompt and output.
+    pub penalties: Penalties,
     /// Seed of the sampler when `temperature > 0`.
     pub seed: Option<u64>,
     /// Predict segment timestamps (otherwise one segment per 30 s window).
@@ -65,7 +73,10 @@ impl Default for TranscribeOptions {
             task: SpeechTask::Transcribe,
             language: None,
             prompt: None,
+            hotwords: None,
             temperature: 0.0,
+            truncation: Truncation::NONE,
+            penalties: Penalties::NONE,
             seed: None,
             with_timestamps: true,
             max_new_tokens: None,

@@ -14,10 +14,20 @@ use super::decode::{decode_window, DecodeRules, WindowResult};
 use super::mel::{LogMel, MelFrontEnd, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
 use super::model::WhisperModel;
 use super::tokens::{unsupported_language, WhisperTokenizer, WHISPER_LANGUAGES};
+use crate::sampler::{Penalties, Truncation};
+use aphro_core::protocol::{verify_sampling_args, SamplingArgs};
+
 use super::{
     GenerateRequest, Segment, SpeechError, SpeechTask, TranscribeOptions, Transcriber,
     TranscriberConfig, Transcription, WhisperInfo,
 };
+
+/// What conditions every window besides the audio: the text so far (the initial prompt first)
+/// and the hotwords, both already tokenized.
+struct PromptContext {
+    previous: Vec<u32>,
+    hotwords: Vec<u32>,
+}
 
 /// faster-whisper's defaults (`WhisperModel.transcribe`).
 const NO_SPEECH_THRESHOLD: f64 = 0.6;
@@ -249,12 +259,24 @@ impl Transcriber {
                 "audio sample {i} is not a finite number"
             )));
         }
-        if !(opts.temperature.is_finite() && opts.temperature >= 0.0) {
-            return Err(SpeechError::InvalidRequest(format!(
-                "temperature must be a finite number >= 0, got {}",
-                opts.temperature
-            )));
-        }
+        // vLLM's sampling checks, through the one function the LLM path uses too.
+        let trunc = opts.truncation;
+        verify_sampling_args(&SamplingArgs {
+            n: 1,
+            presence_penalty: opts.penalties.presence as f64,
+            frequency_penalty: opts.penalties.frequency as f64,
+            repetition_penalty: opts.penalties.repetition as f64,
+            temperature: opts.temperature as f64,
+            top_p: trunc.top_p as f64,
+            top_k: i64::try_from(trunc.top_k).unwrap_or(i64::MAX),
+            min_p: trunc.min_p as f64,
+            max_tokens: None,
+            min_tokens: 0,
+            stream_interval: None,
+            logprobs: None,
+            prompt_logprobs: None,
+        })
+        .map_err(|e| SpeechError::InvalidRequest(e.message))?;
         if opts.max_new_tokens == Some(0) {
             return Err(SpeechError::InvalidRequest(
                 "max_new_tokens must be at least 1".into(),
@@ -268,10 +290,20 @@ impl Transcriber {
                 initial = l.tokenizer.encode(&format!(" {}", p.trim()))?;
             }
         }
+        let mut hotwords: Vec<u32> = Vec::new();
+        if let Some(h) = opts.hotwords.as_deref() {
+            if !h.trim().is_empty() {
+                hotwords = l.tokenizer.encode(&format!(" {}", h.trim()))?;
+            }
+        }
         let mel = l.pool.install(|| l.front_end.log_mel(samples, HOP_LENGTH));
         // Segments are handed out on the calling thread; the compute of each window runs
         // on the transcriber's pool.
-        self.generate_segments(&mel, samples.len(), language, initial, opts, on_segment)
+        let context = PromptContext {
+            previous: initial,
+            hotwords,
+        };
+        self.generate_segments(&mel, samples.len(), language, context, opts, on_segment)
     }
 
     pub(super) fn generate_window(
@@ -340,6 +372,8 @@ impl Transcriber {
                             r.max_new_tokens,
                         ),
                         temperature: 0.0,
+                        truncation: Truncation::NONE,
+                        penalties: Penalties::NONE,
                     };
                     decode_window(&l.model, &mut state, &r.prompt, sot_index, &rules, &mut rng)
                         .tokens
@@ -388,10 +422,14 @@ impl Transcriber {
         mel: &LogMel,
         num_samples: usize,
         language: Option<&'static str>,
-        mut all_tokens: Vec<u32>,
+        context: PromptContext,
         opts: &TranscribeOptions,
         on_segment: &mut dyn FnMut(&Segment),
     ) -> Result<Transcription, SpeechError> {
+        let PromptContext {
+            previous: mut all_tokens,
+            hotwords,
+        } = context;
         let l = &self.loaded;
         let model = &l.model;
         let sp = &l.tokenizer.special;
@@ -420,9 +458,10 @@ impl Transcriber {
                 // The prompt: <|startofprev|> + the last 223 previous text tokens, then the
                 // start-of-transcript sequence.
                 let mut prompt = Vec::with_capacity(n_text_ctx);
-                if !previous.is_empty() {
+                let keep = n_text_ctx / 2 - 1;
+                if !previous.is_empty() || !hotwords.is_empty() {
                     prompt.push(sp.sot_prev);
-                    let keep = n_text_ctx / 2 - 1;
+                    prompt.extend_from_slice(&hotwords[..hotwords.len().min(keep)]);
                     prompt.extend_from_slice(&previous[previous.len().saturating_sub(keep)..]);
                 }
                 let sot_index = prompt.len();
@@ -445,6 +484,8 @@ impl Transcriber {
                     max_initial_timestamp_index: max_initial_timestamp_index(),
                     max_new_tokens: max_new_tokens(prompt.len(), n_text_ctx, opts.max_new_tokens),
                     temperature: opts.temperature,
+                    truncation: opts.truncation,
+                    penalties: opts.penalties,
                 };
                 let result = decode_window(model, &mut state, &prompt, sot_index, &rules, &mut rng);
                 (lang, prompt, result)

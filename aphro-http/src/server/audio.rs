@@ -9,8 +9,10 @@ use super::{unix_now, AppState};
 use crate::error::{json_response, ApiError};
 use crate::extract::LimitedBytes;
 use aphro_core::audio::format::ResponseFormat;
+use aphro_core::protocol::{verify_sampling_args, SamplingArgs};
 use aphro_engine::speech::{
-    Segment, SpeechError, SpeechTask, TranscribeOptions, Transcriber, Transcription,
+    Penalties, Segment, SpeechError, SpeechTask, TranscribeOptions, Transcriber, Transcription,
+    Truncation,
 };
 use aphro_engine::transcription::{
     decode_upload, effective_task, render, TranscriptionBody, TranscriptionError, UploadLimits,
@@ -81,6 +83,7 @@ pub struct TranscriptionForm {
     pub model: Option<String>,
     /// ISO-639-1 code of the spoken language.
     pub language: Option<String>,
+    /// Hint phrases put before the previous text in every window's prompt (faster-whisper).
     pub hotwords: Option<String>,
     /// Text the model continues from (Whisper's previous-text prompt).
     #[serde(default)]
@@ -88,7 +91,7 @@ pub struct TranscriptionForm {
     /// `json` (default), `text`, `verbose_json`, `srt` or `vtt`.
     #[serde(default = "default_format")]
     pub response_format: String,
-    /// `segment` or `word` (accepted; segments are always returned).
+    /// `segment`; `word` is refused (only segment timestamps are produced).
     #[serde(default, rename = "timestamp_granularities[]")]
     #[schema(rename = "timestamp_granularities[]")]
     pub timestamp_granularities: Vec<Granularity>,
@@ -345,12 +348,34 @@ fn prepare(
         ))
         .with_param("n"));
     }
-    if !(form.temperature.is_finite() && form.temperature >= 0.0) {
-        return Err(ApiError::bad_request(format!(
-            "temperature must be non-negative, got {}.",
-            form.temperature
-        ))
-        .with_param("temperature"));
+    // SamplingParams' checks, as vLLM builds them from the form (null → 1 / 0 / 0 / 1).
+    let sampling = SamplingArgs {
+        n: form.n,
+        presence_penalty: form.presence_penalty,
+        frequency_penalty: form.frequency_penalty,
+        repetition_penalty: form.repetition_penalty.unwrap_or(1.0),
+        temperature: form.temperature,
+        top_p: form.top_p.unwrap_or(1.0),
+        top_k: form.top_k.unwrap_or(0),
+        min_p: form.min_p.unwrap_or(0.0),
+        max_tokens: None,
+        min_tokens: 0,
+        stream_interval: None,
+        logprobs: None,
+        prompt_logprobs: None,
+    };
+    verify_sampling_args(&sampling).map_err(|e| ApiError::from(e.into_error()))?;
+    // vLLM accepts `word` and returns `words: null`; a client that asked for word timings
+    // is told instead of getting none.
+    if form
+        .timestamp_granularities
+        .iter()
+        .any(|g| matches!(g, Granularity::Word))
+    {
+        return Err(ApiError::bad_request(
+            "timestamp_granularities[]=word is not supported: this server returns segment timestamps only",
+        )
+        .with_param("timestamp_granularities[]"));
     }
     let max_new_tokens = match form.max_completion_tokens {
         Some(n) if n < 1 => {
@@ -372,7 +397,19 @@ fn prepare(
         task: effective_task(task, info.is_multilingual),
         language,
         prompt: Some(form.prompt).filter(|p| !p.is_empty()),
+        hotwords: form.hotwords.filter(|h| !h.trim().is_empty()),
         temperature: form.temperature as f32,
+        truncation: Truncation {
+            min_p: sampling.min_p as f32,
+            // -1 and 0 both disable top-k.
+            top_k: usize::try_from(sampling.top_k).unwrap_or(0),
+            top_p: sampling.top_p as f32,
+        },
+        penalties: Penalties {
+            repetition: sampling.repetition_penalty as f32,
+            frequency: sampling.frequency_penalty as f32,
+            presence: sampling.presence_penalty as f32,
+        },
         seed: form.seed.map(|s| s as u64),
         with_timestamps: true,
         max_new_tokens,
