@@ -1,5 +1,5 @@
-//! Mixture-of-experts models against HF transformers: tiny random-weight Qwen3-MoE, Mixtral
-//! and OLMoE checkpoints with float32 greedy goldens (testdata/arch, see its README).
+//! Mixture-of-experts models against HF transformers: tiny random-weight Qwen3-MoE, Mixtral,
+//! OLMoE and GPT-OSS checkpoints with float32 greedy goldens (testdata/arch, see its README).
 //!
 //! Every case's greedy ids must equal transformers' (a split is accepted only where the
 //! recorded top-1 margin is below 1e-3), per-step top-5 logprobs and the full last-prompt
@@ -17,7 +17,7 @@ use futures::executor::block_on;
 use futures::StreamExt;
 use serde_json::Value;
 
-const MODELS: &[&str] = &["qwen3-moe", "mixtral", "olmoe"];
+const MODELS: &[&str] = &["qwen3-moe", "mixtral", "olmoe", "gpt-oss"];
 const BLOCK: usize = 16;
 
 fn arch_dir() -> PathBuf {
@@ -522,36 +522,23 @@ fn gguf_moe_matches_transformers_and_runs_quantized_experts() {
 }
 
 /// The MoE models on the CubeCL path (burn-wgpu; lavapipe in CI): the same ids and
-/// last-prompt logits as transformers. Qwen3-MoE only by default (lavapipe runs the three
-/// in about a minute on two cores); `APHRO_WGPU_ALL=1` runs all of them.
+/// last-prompt logits as transformers. Qwen3-MoE and GPT-OSS by default (lavapipe runs all
+/// four in about 30 s on two cores); `APHRO_WGPU_ALL=1` runs all of them.
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_moe_matches_transformers() {
-    use aphro_engine::backend::wgpu::{WgpuBackend, WgpuDevice};
+    use aphro_engine::backend::wgpu::WgpuBackend;
     use aphro_engine::model::load_runner_on;
-    let dev = WgpuDevice::default();
-    let probe = dev.clone();
-    let works = std::panic::catch_unwind(move || {
-        burn::tensor::Tensor::<WgpuBackend, 1>::ones([4], &probe)
-            .into_data()
-            .to_vec::<f32>()
-            .is_ok_and(|v| v == vec![1.0; 4])
-    });
-    if !works.unwrap_or(false) {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(
-            !ci,
-            "no working wgpu adapter under CI: install mesa-vulkan-drivers"
-        );
-        eprintln!("SKIPPED: no working wgpu/Vulkan adapter (install mesa-vulkan-drivers)");
+    let Some(dev) = wgpu_probe::device() else {
         return;
-    }
-    let models = if std::env::var_os("APHRO_WGPU_ALL").is_some() {
-        MODELS
-    } else {
-        &MODELS[..1]
     };
-    for model in models {
+    // Qwen3-MoE and GPT-OSS (its attention sinks run on the backend's burn-op default)
+    // unless APHRO_WGPU_ALL asks for every model.
+    let all = std::env::var_os("APHRO_WGPU_ALL").is_some();
+    for model in MODELS
+        .iter()
+        .filter(|m| all || ["qwen3-moe", "gpt-oss"].contains(m))
+    {
         let mut r = load_runner_on::<WgpuBackend>(&load_cfg(model), &dev).expect("loads on wgpu");
         let (single, _) = cases(model);
         for c in &single {
@@ -567,3 +554,7 @@ fn wgpu_moe_matches_transformers() {
         }
     }
 }
+
+#[cfg(feature = "wgpu")]
+#[path = "common/wgpu.rs"]
+mod wgpu_probe;

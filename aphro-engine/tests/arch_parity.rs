@@ -1,4 +1,4 @@
-//! Every dense architecture of the registry against HF transformers (float32, eager), on
+//! Every dense architecture of the registry (and GPT-OSS) against HF transformers (float32, eager), on
 //! the tiny random-weight models of `testdata/arch` (see its README).
 //!
 //! Per model: the greedy ids of every case (prefill whole with fresh blocks, and again
@@ -39,8 +39,8 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn load(name: &str) -> LlamaRunner<Flex> {
-    let cfg = ModelLoadConfig {
+fn load_cfg(name: &str) -> ModelLoadConfig {
+    ModelLoadConfig {
         model_path: testdata().join("models").join(name),
         dtype: ModelDType::Float32,
         cache_bytes: 16 << 20,
@@ -49,8 +49,11 @@ fn load(name: &str) -> LlamaRunner<Flex> {
         quiet: true,
         device: aphro_engine::backend::Device::Cpu,
         kv_cache_dtype: Default::default(),
-    };
-    load_flex_runner(&cfg).unwrap_or_else(|e| panic!("{name} loads: {e}"))
+    }
+}
+
+fn load(name: &str) -> LlamaRunner<Flex> {
+    load_flex_runner(&load_cfg(name)).unwrap_or_else(|e| panic!("{name} loads: {e}"))
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -66,7 +69,7 @@ fn argmax(row: &[f32]) -> u32 {
 /// One sequence of a step: (id, tokens, start position, block table, logits wanted).
 type Part<'a> = (u64, &'a [u32], usize, &'a [u32], LogitsWanted);
 
-fn step(r: &mut LlamaRunner<Flex>, parts: &[Part<'_>]) -> Vec<Vec<f32>> {
+fn step(r: &mut dyn ModelRunner, parts: &[Part<'_>]) -> Vec<Vec<f32>> {
     let batch = BatchInput {
         seqs: parts
             .iter()
@@ -99,7 +102,7 @@ enum Prefill {
 /// Greedy decoding of `prompt` for `max_new` tokens on blocks `first_block..` (in reverse
 /// order, so tables are not the identity). Returns the ids and the last prompt logits.
 fn greedy(
-    r: &mut LlamaRunner<Flex>,
+    r: &mut dyn ModelRunner,
     prompt: &[u32],
     max_new: usize,
     prefill: Prefill,
@@ -187,7 +190,11 @@ fn logits_rel_diff(got: &[f32], want: &[f32]) -> f32 {
 }
 
 fn check_model(name: &str) {
-    let mut r = load(name);
+    check_model_on(&mut load(name), name);
+}
+
+/// [`check_model`] on a runner already loaded (on any backend).
+fn check_model_on(r: &mut dyn ModelRunner, name: &str) {
     let goldens = testdata().join("goldens");
     let cases = jsonl(goldens.join(format!("{name}.jsonl")));
     assert_eq!(cases.len(), 5, "{name}: five cases");
@@ -197,7 +204,7 @@ fn check_model(name: &str) {
         let prompt = ids(&c["prompt_token_ids"]);
         let max_new = c["max_new_tokens"].as_u64().expect("max") as usize;
         for prefill in [Prefill::Whole, Prefill::CachedPrefixThenChunks(7)] {
-            let (got, logits) = greedy(&mut r, &prompt, max_new, prefill, 0);
+            let (got, logits) = greedy(r, &prompt, max_new, prefill, 0);
             check_ids(&format!("{id} {prefill:?}"), &got, c);
             if let Some(file) = c["logits_file"].as_str() {
                 let want: Vec<f32> = std::fs::read(goldens.join(file))
@@ -235,7 +242,7 @@ fn check_model(name: &str) {
         .enumerate()
         .map(|(i, (p, _, t))| (i as u64, p.as_slice(), 0, t.as_slice(), LogitsWanted::Last))
         .collect();
-    let mut last = step(&mut r, &parts);
+    let mut last = step(r, &parts);
     let mut got: Vec<Vec<u32>> = vec![Vec::new(); seqs.len()];
     let max_new = seqs.iter().map(|s| s.1).max().expect("prompts");
     for k in 0..max_new {
@@ -259,7 +266,7 @@ fn check_model(name: &str) {
                 )
             })
             .collect();
-        last = step(&mut r, &parts);
+        last = step(r, &parts);
     }
     for (i, (p, g)) in prompts.iter().zip(&got).enumerate() {
         check_ids(&format!("{name}/batch4 prompt {i}"), g, p);
@@ -301,9 +308,34 @@ fn phi3_matches_hf() {
     check_model("phi3");
 }
 
+/// Attention sinks, alternating sliding/full layers, q/k/v/o biases, YaRN RoPE and the
+/// stacked-expert MoE (its engine-level checks are in `arch_moe.rs`).
+#[test]
+fn gpt_oss_matches_hf() {
+    check_model("gpt-oss");
+}
+
 #[test]
 fn granite_matches_hf() {
     check_model("granite");
+}
+
+/// The dense architectures on the CubeCL path (burn-wgpu; lavapipe in CI), with the same
+/// checks as on the CPU: Qwen3 (per-head Q/K norm), Mistral (a sliding window cut inside
+/// KV blocks) and Gemma 3 (interleaved local/global layers, its norms and scalings).
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_dense_matches_transformers() {
+    use aphro_engine::backend::wgpu::WgpuBackend;
+    use aphro_engine::model::load_runner_on;
+    let Some(dev) = wgpu_probe::device() else {
+        return;
+    };
+    for name in ["qwen3", "mistral-swa", "gemma3"] {
+        let mut r = load_runner_on::<WgpuBackend>(&load_cfg(name), &dev)
+            .unwrap_or_else(|e| panic!("{name} loads on wgpu: {e}"));
+        check_model_on(&mut r, name);
+    }
 }
 
 /// An architecture outside the registry is refused by name, listing what is supported.
@@ -469,3 +501,7 @@ fn gemma3_270m_gguf_quantized_follows_llama_cpp() {
         );
     }
 }
+
+#[cfg(feature = "wgpu")]
+#[path = "common/wgpu.rs"]
+mod wgpu_probe;

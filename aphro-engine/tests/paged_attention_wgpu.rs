@@ -16,30 +16,9 @@ use burn::tensor::{DType, FloatDType, Tensor, TensorData, TensorPrimitive};
 
 type W = WgpuBackend;
 
-/// The wgpu device, or `None` (after saying why) when there is no adapter outside CI.
-fn device() -> Option<WgpuDevice> {
-    let dev = WgpuDevice::default();
-    let probe = dev.clone();
-    let ok = std::panic::catch_unwind(move || {
-        Tensor::<W, 1>::ones([4], &probe)
-            .into_data()
-            .to_vec::<f32>()
-            .map(|v| v == vec![1.0; 4])
-    });
-    match ok {
-        Ok(Ok(true)) => Some(dev),
-        other => {
-            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-            assert!(
-                !ci,
-                "no working wgpu adapter under CI ({other:?}): install lavapipe \
-                 (apt-get install mesa-vulkan-drivers libvulkan1)"
-            );
-            eprintln!("SKIPPED: no working wgpu/Vulkan adapter (install mesa-vulkan-drivers)");
-            None
-        }
-    }
-}
+#[path = "common/wgpu.rs"]
+mod wgpu_probe;
+use wgpu_probe::device;
 
 fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
     (0..n)

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use aphro_engine::backend::wgpu::{WgpuBackend, WgpuDevice};
+use aphro_engine::backend::wgpu::WgpuBackend;
 use aphro_engine::pooling::{EmbedInput, EmbedOptions, Embedder};
 use serde_json::Value;
 
@@ -17,28 +17,9 @@ use serde_json::Value;
 const COSINE_TOL: f64 = 1e-5;
 const ABS_TOL: f32 = 1e-4;
 
-/// The wgpu device, or `None` (after saying why) when there is no adapter outside CI.
-fn device() -> Option<WgpuDevice> {
-    let dev = WgpuDevice::default();
-    let probe = dev.clone();
-    let ok = std::panic::catch_unwind(move || {
-        burn::tensor::Tensor::<WgpuBackend, 1>::ones([4], &probe)
-            .into_data()
-            .to_vec::<f32>()
-            .is_ok_and(|v| v == vec![1.0; 4])
-    });
-    if ok.unwrap_or(false) {
-        return Some(dev);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    assert!(
-        !ci,
-        "no working wgpu adapter under CI: install lavapipe (apt-get install \
-         mesa-vulkan-drivers libvulkan1)"
-    );
-    eprintln!("SKIPPED: no working wgpu/Vulkan adapter (install mesa-vulkan-drivers)");
-    None
-}
+#[path = "common/wgpu.rs"]
+mod wgpu_probe;
+use wgpu_probe::device;
 
 fn minilm_dir() -> PathBuf {
     let assets = std::env::var_os("APHRO_ASSETS")

@@ -17,8 +17,8 @@ pub struct LlamaConfig {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub rope_theta: f32,
-    /// Llama 3.x long-context frequency scaling, if any.
-    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// RoPE frequency scaling (`rope_scaling` / `rope_parameters`), if any.
+    pub rope_scaling: Option<RopeScaling>,
     pub rms_norm_eps: f32,
     pub max_position: usize,
     pub tie_word_embeddings: bool,
@@ -74,6 +74,10 @@ pub struct ArchFeatures {
     pub fused_qkv: bool,
     /// One `gate_up_proj` matrix with rows `[gate; up]` (Phi-3).
     pub fused_gate_up: bool,
+    /// `o_proj` has a bias (GPT-OSS).
+    pub o_bias: bool,
+    /// One learned logit per head in every softmax denominator (GPT-OSS `self_attn.sinks`).
+    pub attention_sinks: bool,
 }
 
 impl Default for ArchFeatures {
@@ -92,8 +96,21 @@ impl Default for ArchFeatures {
             logits_divisor: 1.0,
             fused_qkv: false,
             fused_gate_up: false,
+            o_bias: false,
+            attention_sinks: false,
         }
     }
+}
+
+/// The RoPE scaling types the engine implements (transformers' `ROPE_INIT_FUNCTIONS`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// `rope_type: llama3` (Llama 3.1+).
+    Llama3(Llama3RopeScaling),
+    /// `rope_type: linear`: every frequency divided by `factor` (position interpolation).
+    Linear { factor: f32 },
+    /// `rope_type: yarn`.
+    Yarn(YarnRopeScaling),
 }
 
 /// `rope_scaling: {"rope_type": "llama3", ...}` (Llama 3.1+).
@@ -103,6 +120,92 @@ pub struct Llama3RopeScaling {
     pub low_freq_factor: f32,
     pub high_freq_factor: f32,
     pub original_max_position: f32,
+}
+
+/// `rope_scaling: {"rope_type": "yarn", ...}` as transformers' `_compute_yarn_parameters`:
+/// frequencies blend interpolation (`/ factor`) and extrapolation over a linear ramp between
+/// the correction dimensions of `beta_fast` and `beta_slow` rotations, and cos/sin are
+/// multiplied by `attention_factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnRopeScaling {
+    pub factor: f64,
+    pub original_max_position: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// Round the ramp's ends to whole dimensions (HF's default `true`).
+    pub truncate: bool,
+    pub attention_factor: f64,
+}
+
+impl YarnRopeScaling {
+    /// From the `rope_scaling` object; `max_position` is `max_position_embeddings` (the
+    /// factor's fallback, as HF).
+    fn from_hf(s: &serde_json::Value, max_position: usize) -> Result<Self, ModelError> {
+        let f = |k: &str| s.get(k).and_then(|x| x.as_f64());
+        let original_max_position = f("original_max_position_embeddings").ok_or_else(|| {
+            ModelError::Config("yarn rope_scaling lacks original_max_position_embeddings".into())
+        })?;
+        let factor = f("factor").unwrap_or(max_position as f64 / original_max_position);
+        if f("partial_rotary_factor").is_some_and(|p| p != 1.0) {
+            return Err(ModelError::Unsupported(
+                "yarn with partial_rotary_factor != 1".into(),
+            ));
+        }
+        let mscale = |scale: f64, m: f64| {
+            if scale <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * scale.ln() + 1.0
+            }
+        };
+        let attention_factor = match (f("attention_factor"), f("mscale"), f("mscale_all_dim")) {
+            (Some(a), _, _) => a,
+            (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                mscale(factor, m) / mscale(factor, all)
+            }
+            _ => mscale(factor, 1.0),
+        };
+        // HF: `get("beta_fast") or 32` (a 0 takes the default too).
+        let nonzero = |k: &str, d: f64| f(k).filter(|&v| v != 0.0).unwrap_or(d);
+        Ok(Self {
+            factor,
+            original_max_position,
+            beta_fast: nonzero("beta_fast", 32.0),
+            beta_slow: nonzero("beta_slow", 1.0),
+            truncate: s.get("truncate").and_then(|t| t.as_bool()).unwrap_or(true),
+            attention_factor,
+        })
+    }
+
+    /// The inverse frequencies for `head_dim` `d` and base `theta`, in f32 like HF.
+    fn inv_freq(&self, theta: f32, d: usize) -> Vec<f32> {
+        let base = theta as f64;
+        let correction_dim = |rotations: f64| {
+            d as f64 * (self.original_max_position / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let (mut low, mut high) = (
+            correction_dim(self.beta_fast),
+            correction_dim(self.beta_slow),
+        );
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d as f64 - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        (0..d / 2)
+            .map(|i| {
+                let pos_freq = theta.powf((2 * i) as f32 / d as f32);
+                let extrapolation = 1.0 / pos_freq;
+                let interpolation = 1.0 / (self.factor as f32 * pos_freq);
+                let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                let extrapolation_factor = 1.0 - ramp;
+                interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+            })
+            .collect()
+    }
 }
 
 impl LlamaConfig {
@@ -205,31 +308,8 @@ impl LlamaConfig {
             Some(x) => x.as_u64().map(|x| x as u32).into_iter().collect(),
             None => Vec::new(),
         };
-        let scaling_type = v
-            .get("rope_scaling")
-            .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
-            .and_then(|t| t.as_str());
-        // Refuse what would silently compute other frequencies (`dynamic` NTK changes
-        // nothing within the original context).
-        if let Some(ty) = scaling_type.filter(|t| !matches!(*t, "default" | "llama3" | "dynamic")) {
-            return Err(ModelError::Unsupported(format!("rope_scaling type {ty:?}")));
-        }
-        let rope_scaling = v.get("rope_scaling").and_then(|s| {
-            let ty = s
-                .get("rope_type")
-                .or_else(|| s.get("type"))
-                .and_then(|t| t.as_str())?;
-            if ty != "llama3" {
-                return None;
-            }
-            let f = |k: &str, d: f64| s.get(k).and_then(|x| x.as_f64()).unwrap_or(d) as f32;
-            Some(Llama3RopeScaling {
-                factor: f("factor", 8.0),
-                low_freq_factor: f("low_freq_factor", 1.0),
-                high_freq_factor: f("high_freq_factor", 4.0),
-                original_max_position: f("original_max_position_embeddings", 8192.0),
-            })
-        });
+        let max_position = int("max_position_embeddings").unwrap_or(4096);
+        let rope_scaling = rope_scaling_from_hf(v, max_position)?;
         let cfg = Self {
             vocab_size: need("vocab_size")?,
             hidden_size,
@@ -240,6 +320,7 @@ impl LlamaConfig {
             head_dim,
             rope_theta: v
                 .get("rope_theta")
+                .or_else(|| v.pointer("/rope_parameters/rope_theta"))
                 .and_then(|x| x.as_f64())
                 .unwrap_or(10000.0) as f32,
             rope_scaling,
@@ -247,7 +328,7 @@ impl LlamaConfig {
                 .get("rms_norm_eps")
                 .and_then(|x| x.as_f64())
                 .unwrap_or(1e-6) as f32,
-            max_position: int("max_position_embeddings").unwrap_or(4096),
+            max_position,
             tie_word_embeddings: v
                 .get("tie_word_embeddings")
                 .and_then(|x| x.as_bool())
@@ -298,29 +379,88 @@ impl LlamaConfig {
     /// [`Self::inv_freq`] with base `theta`.
     pub fn inv_freq_for(&self, theta: f32) -> Vec<f32> {
         let d = self.head_dim;
-        (0..d / 2)
-            .map(|i| {
-                let f = 1.0f32 / theta.powf((2 * i) as f32 / d as f32);
-                match self.rope_scaling {
-                    None => f,
-                    Some(s) => {
-                        let low_wl = s.original_max_position / s.low_freq_factor;
-                        let high_wl = s.original_max_position / s.high_freq_factor;
-                        let wl = 2.0 * std::f32::consts::PI / f;
-                        if wl < high_wl {
-                            f
-                        } else if wl > low_wl {
-                            f / s.factor
-                        } else {
-                            let smooth = (s.original_max_position / wl - s.low_freq_factor)
-                                / (s.high_freq_factor - s.low_freq_factor);
-                            (1.0 - smooth) * f / s.factor + smooth * f
-                        }
+        let plain = |i: usize| 1.0f32 / theta.powf((2 * i) as f32 / d as f32);
+        match self.rope_scaling {
+            None => (0..d / 2).map(plain).collect(),
+            Some(RopeScaling::Linear { factor }) => (0..d / 2).map(|i| plain(i) / factor).collect(),
+            Some(RopeScaling::Yarn(y)) => y.inv_freq(theta, d),
+            Some(RopeScaling::Llama3(s)) => (0..d / 2)
+                .map(|i| {
+                    let f = plain(i);
+                    let low_wl = s.original_max_position / s.low_freq_factor;
+                    let high_wl = s.original_max_position / s.high_freq_factor;
+                    let wl = 2.0 * std::f32::consts::PI / f;
+                    if wl < high_wl {
+                        f
+                    } else if wl > low_wl {
+                        f / s.factor
+                    } else {
+                        let smooth = (s.original_max_position / wl - s.low_freq_factor)
+                            / (s.high_freq_factor - s.low_freq_factor);
+                        (1.0 - smooth) * f / s.factor + smooth * f
                     }
-                }
-            })
-            .collect()
+                })
+                .collect(),
+        }
     }
+
+    /// The factor RoPE's cos/sin are multiplied by (YaRN's attention factor; else 1).
+    pub fn rope_attention_factor(&self) -> f32 {
+        match self.rope_scaling {
+            Some(RopeScaling::Yarn(y)) => y.attention_factor as f32,
+            _ => 1.0,
+        }
+    }
+}
+
+/// The RoPE scaling of an HF config: the 4.x `rope_scaling` object, else transformers 5's
+/// `rope_parameters` when it names a type. Types we do not implement are refused rather
+/// than run with other frequencies (`dynamic` NTK changes nothing within the original
+/// context, so it runs as unscaled).
+fn rope_scaling_from_hf(
+    v: &serde_json::Value,
+    max_position: usize,
+) -> Result<Option<RopeScaling>, ModelError> {
+    let kind = |s: &serde_json::Value| {
+        s.get("rope_type")
+            .or_else(|| s.get("type"))
+            .and_then(|t| t.as_str())
+            .map(str::to_string)
+    };
+    let Some((s, ty)) = ["rope_scaling", "rope_parameters"]
+        .iter()
+        .filter_map(|k| v.get(*k))
+        .find_map(|s| Some((s, kind(s)?)))
+    else {
+        return Ok(None);
+    };
+    let f = |k: &str, d: f64| s.get(k).and_then(|x| x.as_f64()).unwrap_or(d) as f32;
+    Ok(match ty.as_str() {
+        "default" | "dynamic" => None,
+        "llama3" => Some(RopeScaling::Llama3(Llama3RopeScaling {
+            factor: f("factor", 8.0),
+            low_freq_factor: f("low_freq_factor", 1.0),
+            high_freq_factor: f("high_freq_factor", 4.0),
+            original_max_position: f("original_max_position_embeddings", 8192.0),
+        })),
+        "linear" => {
+            let factor = s
+                .get("factor")
+                .and_then(|x| x.as_f64())
+                .ok_or_else(|| ModelError::Config("linear rope_scaling lacks factor".into()))?
+                as f32;
+            Some(RopeScaling::Linear { factor })
+        }
+        "yarn" => Some(RopeScaling::Yarn(YarnRopeScaling::from_hf(
+            s,
+            max_position,
+        )?)),
+        other => {
+            return Err(ModelError::Unsupported(format!(
+                "rope_scaling type {other:?} (supported: default, linear, llama3, yarn, dynamic)"
+            )))
+        }
+    })
 }
 
 #[cfg(test)]
@@ -339,10 +479,69 @@ mod tests {
         let v = serde_json::json!({
             "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
             "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100,
-            "rope_scaling": {"type": "yarn", "factor": 4.0}
+            "rope_scaling": {"type": "longrope", "factor": 4.0}
         });
-        let e = LlamaConfig::from_hf_json(&v).expect_err("yarn is not implemented");
-        assert!(e.to_string().contains("yarn"), "{e}");
+        let e = LlamaConfig::from_hf_json(&v).expect_err("longrope is not implemented");
+        assert!(e.to_string().contains("longrope"), "{e}");
+    }
+
+    fn with_rope(scaling: serde_json::Value) -> LlamaConfig {
+        let v = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 2,
+            "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100,
+            "rope_theta": 150000.0, "max_position_embeddings": 2048, "rope_scaling": scaling
+        });
+        LlamaConfig::from_hf_json(&v).expect("valid")
+    }
+
+    /// YaRN keeps the fast dimensions (below the `beta_fast` correction dimension),
+    /// interpolates the slow ones (above `beta_slow`'s) by `factor`, blends between, and
+    /// scales cos/sin by `0.1 ln(factor) + 1`.
+    #[test]
+    fn yarn_blends_extrapolation_and_interpolation() {
+        let plain = with_rope(serde_json::Value::Null);
+        let y = with_rope(serde_json::json!({"rope_type": "yarn", "factor": 8.0,
+            "original_max_position_embeddings": 256, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": false}));
+        let (p, f) = (plain.inv_freq(), y.inv_freq());
+        // head_dim 32, base 150000: correction dims 32·ln(256/(2πβ))/(2 ln 150000).
+        let dim = |beta: f64| {
+            32.0 * (256.0 / (beta * 2.0 * std::f64::consts::PI)).ln() / (2.0 * 150000f64.ln())
+        };
+        let (low, high) = (dim(32.0).max(0.0), dim(1.0));
+        assert!(low > 0.0 && high < 15.0 && high - low > 2.0, "{low} {high}");
+        for i in 0..16 {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let want = p[i] as f64 * (1.0 - ramp) + p[i] as f64 / 8.0 * ramp;
+            assert!(
+                (f[i] as f64 - want).abs() <= 1e-6 * want,
+                "{i}: {} vs {want}",
+                f[i]
+            );
+        }
+        assert_eq!(f[0], p[0]);
+        assert!((f[15] - p[15] / 8.0).abs() <= 1e-7 * p[15]);
+        let want = (0.1 * 8f64.ln() + 1.0) as f32;
+        assert!((y.rope_attention_factor() - want).abs() < 1e-7);
+        assert_eq!(plain.rope_attention_factor(), 1.0);
+        // transformers 5's `rope_parameters` alone selects it too.
+        let v = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 2,
+            "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100,
+            "rope_parameters": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 150000.0,
+                "original_max_position_embeddings": 256, "truncate": false}
+        });
+        let c = LlamaConfig::from_hf_json(&v).expect("valid");
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Yarn(_))));
+    }
+
+    #[test]
+    fn linear_rope_divides_every_frequency() {
+        let plain = with_rope(serde_json::Value::Null).inv_freq();
+        let lin = with_rope(serde_json::json!({"type": "linear", "factor": 4.0})).inv_freq();
+        for (a, b) in plain.iter().zip(&lin) {
+            assert_eq!(*b, a / 4.0);
+        }
     }
 
     #[test]

@@ -41,6 +41,20 @@ pub fn paged_attention<T: KvElement>(
     seqs: &[AttnSeq<'_>],
     shape: &AttnShape,
 ) -> Vec<f32> {
+    paged_attention_with_sinks(q, k_cache, v_cache, seqs, shape, None)
+}
+
+/// [`paged_attention`] with attention sinks (GPT-OSS): `sinks[h]` is one more logit in
+/// every softmax denominator of query head `h`, with no value (the weights sum to < 1).
+/// It joins each query's softmax state after all keys, as one more merged segment.
+pub fn paged_attention_with_sinks<T: KvElement>(
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    seqs: &[AttnSeq<'_>],
+    shape: &AttnShape,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
     let qdim = h * d;
     if qdim == 0 || kvh == 0 {
@@ -119,6 +133,13 @@ pub fn paged_attention<T: KvElement>(
         }
         let (si, r0, kv, h0) = key;
         let s = &seqs[si];
+        if let Some(sinks) = sinks {
+            let zeros = vec![0f32; d];
+            for i in 0..total.2.max.len() {
+                let head = kv * group + h0 + i % heads_per_task;
+                total.2.merge_query(i, sinks[head], 1.0, &zeros, d);
+            }
+        }
         let o = total.2.normalized(d);
         for r in 0..QUERY_ROWS.min(s.q_len - r0) {
             let dst = (s.q_offset + r0 + r) * qdim + (kv * group + h0) * d;

@@ -93,6 +93,10 @@ pub struct Layer<B: Backend> {
     k: Linear<B>,
     v: Linear<B>,
     o: Linear<B>,
+    /// GPT-OSS: `o_proj`'s bias.
+    o_bias: Option<Tensor<B, 1>>,
+    /// GPT-OSS: one sink logit per query head ([`EngineOps::paged_attention_with_sinks`]).
+    sinks: Option<Vec<f32>>,
     q_bias: Option<Tensor<B, 1>>,
     k_bias: Option<Tensor<B, 1>>,
     v_bias: Option<Tensor<B, 1>>,
@@ -156,7 +160,7 @@ pub(super) struct Loader<'a, B: Backend> {
     keep_quant: bool,
     half: Option<QuantType>,
     dense16: Option<burn::tensor::FloatDType>,
-    device: &'a B::Device,
+    pub(super) device: &'a B::Device,
 }
 
 impl<B: EngineOps> Loader<'_, B> {
@@ -217,7 +221,7 @@ impl<B: EngineOps> Loader<'_, B> {
     }
 
     /// An f32 `[rows, cols]` matrix in this loader's storage.
-    fn linear_f32(
+    pub(super) fn linear_f32(
         &self,
         name: &str,
         data: Vec<f32>,
@@ -304,6 +308,8 @@ impl<B: EngineOps> Llama<B> {
     ) -> Result<Self, ModelError> {
         let per_layer = 6
             + 3 * cfg.qkv_bias as usize
+            + cfg.features.o_bias as usize
+            + cfg.features.attention_sinks as usize
             + 2 * cfg.qk_norm as usize
             + 2 * cfg.features.sandwich_norms as usize;
         let mlps: usize = (0..cfg.num_layers)
@@ -394,6 +400,19 @@ impl<B: EngineOps> Llama<B> {
                 k,
                 v,
                 o: ld.linear(&p("self_attn.o_proj.weight"), dm, qd)?,
+                o_bias: if f.o_bias {
+                    Some(ld.vector(&p("self_attn.o_proj.bias"), dm)?)
+                } else {
+                    None
+                },
+                sinks: if f.attention_sinks {
+                    let name = p("self_attn.sinks");
+                    let (shape, data) = ld.host(&name, false)?.into_f32();
+                    Loader::<B>::check(&name, &shape, &[cfg.num_heads])?;
+                    Some(data)
+                } else {
+                    None
+                },
                 q_bias: bias("self_attn.q_proj.bias", qd)?,
                 k_bias: bias("self_attn.k_proj.bias", kvd)?,
                 v_bias: bias("self_attn.v_proj.bias", kvd)?,
@@ -450,6 +469,8 @@ impl<B: EngineOps> Llama<B> {
         let d = cfg.head_dim;
         let (h, kvh) = (cfg.num_heads, cfg.num_kv_heads);
         // cos/sin per token: [t, d] with HF's cat(freqs, freqs) layout.
+        // YaRN scales cos/sin (HF: `emb.cos() * attention_scaling`).
+        let rope_scale = cfg.rope_attention_factor();
         let tables = |inv_freq: &[f32]| {
             let mut cos = Vec::with_capacity(t * d);
             let mut sin = Vec::with_capacity(t * d);
@@ -457,8 +478,8 @@ impl<B: EngineOps> Llama<B> {
                 for _ in 0..2 {
                     for &f in inv_freq {
                         let a = p as f32 * f;
-                        cos.push(a.cos());
-                        sin.push(a.sin());
+                        cos.push(a.cos() * rope_scale);
+                        sin.push(a.sin() * rope_scale);
                     }
                 }
             }
@@ -529,11 +550,19 @@ impl<B: EngineOps> Llama<B> {
                 .ok_or_else(|| ModelError::Weights("KV cache missing".into()))?;
             let kc = B::cache_keys(kc, unwrap(k), plan.slots, &shape);
             let vc = B::reshape_and_cache(vc, unwrap(v), plan.slots);
-            let attn: Tensor<B, 2> =
-                wrap(B::paged_attention(unwrap(q), &kc, &vc, plan.seqs, &shape));
+            let attn: Tensor<B, 2> = wrap(match &layer.sinks {
+                None => B::paged_attention(unwrap(q), &kc, &vc, plan.seqs, &shape),
+                Some(sinks) => {
+                    B::paged_attention_with_sinks(unwrap(q), &kc, &vc, plan.seqs, &shape, sinks)
+                }
+            });
             k_cache[l] = Some(kc);
             v_cache[l] = Some(vc);
-            x = self.residual_add(x, layer.o.forward(attn), layer.post_attn_norm.as_ref());
+            let mut out = layer.o.forward(attn);
+            if let Some(b) = &layer.o_bias {
+                out = out + b.clone().unsqueeze();
+            }
+            x = self.residual_add(x, out, layer.post_attn_norm.as_ref());
             let hn = self.rms_norm(x.clone(), &layer.ffn_norm);
             let ffn = self.feed_forward(layer, hn);
             x = self.residual_add(x, ffn, layer.post_ffn_norm.as_ref());

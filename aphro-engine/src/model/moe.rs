@@ -33,6 +33,9 @@ pub enum ExpertNames {
     Mixtral,
     /// `mlp.gate`, `mlp.experts.N.{gate,up,down}_proj` (Qwen-MoE, OLMoE).
     Qwen,
+    /// `mlp.router.{weight,bias}`, stacked `mlp.experts.{gate_up_proj,down_proj}[_bias]`
+    /// (GPT-OSS; see [`ClampedSwiGluMlp::experts_from_stacked`]).
+    GptOss,
 }
 
 /// Mixture-of-experts hyper-parameters (from `config.json`).
@@ -50,6 +53,8 @@ pub struct MoeConfig {
     /// ...and `l` is not in `mlp_only_layers` (those keep a dense MLP of
     /// `intermediate_size`).
     pub mlp_only_layers: Vec<usize>,
+    /// GPT-OSS's clamped SwiGLU `(swiglu_alpha, swiglu_limit)`.
+    pub swiglu_clamp: (f32, f32),
 }
 
 impl MoeConfig {
@@ -58,6 +63,7 @@ impl MoeConfig {
         let names = match arch {
             "mixtral" => ExpertNames::Mixtral,
             "qwen3_moe" | "olmoe" => ExpertNames::Qwen,
+            "gpt_oss" => ExpertNames::GptOss,
             _ => return Ok(None),
         };
         let int = |k: &str| v.get(k).and_then(|x| x.as_u64()).map(|x| x as usize);
@@ -71,11 +77,15 @@ impl MoeConfig {
             _ => need("intermediate_size")?,
         };
         let norm_topk_prob = v.get("norm_topk_prob").and_then(|x| x.as_bool());
-        let routing = Routing::SoftmaxTopK {
-            // transformers' Mixtral router always renormalises; the others follow the flag
-            // (default false in their config classes).
-            renormalize: arch == "mixtral" || norm_topk_prob.unwrap_or(false),
+        let routing = match names {
+            ExpertNames::GptOss => Routing::TopKSoftmax,
+            _ => Routing::SoftmaxTopK {
+                // transformers' Mixtral router always renormalises; the others follow the
+                // flag (default false in their config classes).
+                renormalize: arch == "mixtral" || norm_topk_prob.unwrap_or(false),
+            },
         };
+        let float = |k: &str, d: f64| v.get(k).and_then(|x| x.as_f64()).unwrap_or(d) as f32;
         let mlp_only_layers = v
             .get("mlp_only_layers")
             .and_then(|a| a.as_array())
@@ -91,6 +101,7 @@ impl MoeConfig {
             names,
             decoder_sparse_step: int("decoder_sparse_step").unwrap_or(1),
             mlp_only_layers,
+            swiglu_clamp: (float("swiglu_alpha", 1.702), float("swiglu_limit", 7.0)),
         };
         cfg.validate()?;
         Ok(Some(cfg))
@@ -130,6 +141,7 @@ impl MoeConfig {
             },
             decoder_sparse_step: 1,
             mlp_only_layers: Vec::new(),
+            swiglu_clamp: (1.702, 7.0),
         };
         cfg.validate()?;
         Ok(Some(cfg))
@@ -408,6 +420,7 @@ impl<B: EngineOps> Mlp<B> {
     /// Number of tensors [`Self::load`] reads for layer `l` (for the progress bar).
     pub fn tensor_count(moe: Option<&MoeConfig>, l: usize) -> usize {
         match moe {
+            Some(m) if m.names == ExpertNames::GptOss && m.is_sparse(l) => 6,
             Some(m) if m.is_sparse(l) => 1 + 3 * m.num_experts,
             _ => 3,
         }
@@ -431,10 +444,11 @@ impl<B: EngineOps> Mlp<B> {
         let (router, expert) = match m.names {
             ExpertNames::Mixtral => ("block_sparse_moe.gate", "block_sparse_moe.experts"),
             ExpertNames::Qwen => ("mlp.gate", "mlp.experts"),
+            ExpertNames::GptOss => return Self::load_gpt_oss(ld, m, l, hidden),
         };
         let [gate, up, down] = match m.names {
             ExpertNames::Mixtral => ["w1", "w3", "w2"],
-            ExpertNames::Qwen => ["gate_proj", "up_proj", "down_proj"],
+            _ => ["gate_proj", "up_proj", "down_proj"],
         };
         let router = ld.linear(&p(&format!("{router}.weight")), m.num_experts, hidden)?;
         let experts = (0..m.num_experts)
@@ -447,6 +461,55 @@ impl<B: EngineOps> Mlp<B> {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Mlp::Moe(MoeBlock::new(
             router, None, experts, m.top_k, m.routing,
+        )))
+    }
+
+    /// GPT-OSS's router (with bias) and stacked experts of layer `l`.
+    fn load_gpt_oss(
+        ld: &Loader<'_, B>,
+        m: &MoeConfig,
+        l: usize,
+        hidden: usize,
+    ) -> Result<Self, ModelError> {
+        let p = |s: &str| format!("model.layers.{l}.mlp.{s}");
+        let (e, inter) = (m.num_experts, m.expert_intermediate_size);
+        let router = ld.linear(&p("router.weight"), e, hidden)?;
+        let router_bias = ld.vector(&p("router.bias"), e)?;
+        let stacked = |name: &str, shape: &[usize]| -> Result<Vec<f32>, ModelError> {
+            let (got, data) = ld.host(&p(name), false)?.into_f32();
+            if got != shape {
+                return Err(ModelError::ShapeMismatch {
+                    name: p(name),
+                    expected: shape.to_vec(),
+                    got,
+                });
+            }
+            Ok(data)
+        };
+        let gate_up = stacked("experts.gate_up_proj", &[e, hidden, 2 * inter])?;
+        let gate_up_bias = stacked("experts.gate_up_proj_bias", &[e, 2 * inter])?;
+        let down = stacked("experts.down_proj", &[e, inter, hidden])?;
+        let down_bias = stacked("experts.down_proj_bias", &[e, hidden])?;
+        let name = p("experts");
+        let experts = ClampedSwiGluMlp::experts_from_stacked(
+            &gate_up,
+            &gate_up_bias,
+            &down,
+            &down_bias,
+            (e, hidden, inter),
+            m.swiglu_clamp,
+            ld.device,
+            &|t: HostTensor, rows: usize, cols: usize| {
+                ld.linear_f32(&name, t.into_f32().1, rows, cols)
+            },
+        )?;
+        let experts = experts.into_iter().map(Expert::ClampedSwiGlu).collect();
+        Ok(Mlp::Moe(MoeBlock::new(
+            router,
+            Some(router_bias),
+            experts,
+            m.top_k,
+            m.routing,
         )))
     }
 }

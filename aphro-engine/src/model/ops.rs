@@ -10,7 +10,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
 
-use super::flash::{paged_attention, write_keys, KvElement};
+use super::flash::{paged_attention_with_sinks, write_keys, KvElement};
 use super::quant::{dense_matmul, QuantMatrix, QuantType};
 use super::{ModelDType, WeightStorage};
 
@@ -107,6 +107,21 @@ pub trait EngineOps: Backend {
         reference::paged_attention::<Self>(q, k_cache, v_cache, seqs, shape)
     }
 
+    /// [`Self::paged_attention`] with attention sinks (GPT-OSS): `sinks[h]` (one per query
+    /// head) is one more logit in each softmax denominator of head `h`, with no value. The
+    /// default is the burn-op reference, which reads keys in the values' layout: a backend
+    /// that overrides [`Self::cache_keys`] must override this too (the CPU does).
+    fn paged_attention_with_sinks(
+        q: FloatTensor<Self>,
+        k_cache: &FloatTensor<Self>,
+        v_cache: &FloatTensor<Self>,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+        sinks: &[f32],
+    ) -> FloatTensor<Self> {
+        reference::paged_attention_sinks::<Self>(q, k_cache, v_cache, seqs, shape, Some(sinks))
+    }
+
     /// `x W^T` for a block-quantized `W: [rows, cols]`; `x: [tokens, cols]` → `[tokens, rows]`.
     /// The default dequantizes the whole matrix (correct, slow: override it).
     fn quantized_matmul(x: FloatTensor<Self>, w: &QuantMatrix) -> FloatTensor<Self> {
@@ -183,10 +198,28 @@ pub mod reference {
         seqs: &[AttnSeq<'_>],
         shape: &AttnShape,
     ) -> FloatTensor<B> {
+        paged_attention_sinks::<B>(q, k_cache, v_cache, seqs, shape, None)
+    }
+
+    /// [`paged_attention`] with optional attention sinks (one logit per query head, as
+    /// transformers' GPT-OSS: softmax over `[scores, sink]`, the sink column dropped).
+    pub fn paged_attention_sinks<B: Backend>(
+        q: FloatTensor<B>,
+        k_cache: &FloatTensor<B>,
+        v_cache: &FloatTensor<B>,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+        sinks: Option<&[f32]>,
+    ) -> FloatTensor<B> {
         let q: Tensor<B, 2> = wrap(q);
         let device = q.device();
-        let kc: Tensor<B, 2> = wrap(k_cache.clone());
-        let vc: Tensor<B, 2> = wrap(v_cache.clone());
+        // A 16-bit cache is read in the activations' type.
+        let kc: Tensor<B, 2> = wrap::<B, 2>(k_cache.clone()).cast(q.dtype());
+        let vc: Tensor<B, 2> = wrap::<B, 2>(v_cache.clone()).cast(q.dtype());
+        let sinks = sinks.map(|s| {
+            Tensor::<B, 1>::from_data(TensorData::new(s.to_vec(), [s.len()]), &device)
+                .cast(q.dtype())
+        });
         let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
         let group = h / kvh;
         let mut outs = Vec::with_capacity(seqs.len());
@@ -216,7 +249,15 @@ pub mod reference {
                 Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [s.q_len, ctx]), &device)
                     .reshape([1, s.q_len, ctx])
                     .expand([h, s.q_len, ctx]);
-            let p = burn::tensor::activation::softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 2);
+            let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
+            let p = match &sinks {
+                None => burn::tensor::activation::softmax(scores, 2),
+                Some(sk) => {
+                    let col = sk.clone().reshape([h, 1, 1]).expand([h, s.q_len, 1]);
+                    let p = burn::tensor::activation::softmax(Tensor::cat(vec![scores, col], 2), 2);
+                    p.slice([0..h, 0..s.q_len, 0..ctx])
+                }
+            };
             outs.push(p.matmul(v).swap_dims(0, 1).reshape([s.q_len, h * d]));
         }
         unwrap(Tensor::cat(outs, 0))
@@ -333,6 +374,46 @@ fn dims2(t: &FlexTensor) -> [usize; 2] {
     [s[0], s[1]]
 }
 
+/// The CPU's flash attention over a cache of any supported element type.
+fn flex_attention(
+    q: FlexTensor,
+    k_cache: &FlexTensor,
+    v_cache: &FlexTensor,
+    seqs: &[AttnSeq<'_>],
+    shape: &AttnShape,
+    sinks: Option<&[f32]>,
+) -> FlexTensor {
+    let [tokens, qdim] = dims2(&q);
+    let q = f32_data(&q);
+    let out = match k_cache.dtype() {
+        DType::F16 => paged_attention_with_sinks(
+            &q,
+            &kv_slice::<half::f16>(k_cache),
+            &kv_slice::<half::f16>(v_cache),
+            seqs,
+            shape,
+            sinks,
+        ),
+        DType::BF16 => paged_attention_with_sinks(
+            &q,
+            &kv_slice::<half::bf16>(k_cache),
+            &kv_slice::<half::bf16>(v_cache),
+            seqs,
+            shape,
+            sinks,
+        ),
+        _ => paged_attention_with_sinks(
+            &q,
+            &f32_data(k_cache),
+            &f32_data(v_cache),
+            seqs,
+            shape,
+            sinks,
+        ),
+    };
+    flex_from(out, [tokens, qdim])
+}
+
 impl EngineOps for Flex {
     fn reshape_and_cache(mut cache: FlexTensor, new: FlexTensor, slots: &[usize]) -> FlexTensor {
         let [_, width] = dims2(&cache);
@@ -386,26 +467,18 @@ impl EngineOps for Flex {
         seqs: &[AttnSeq<'_>],
         shape: &AttnShape,
     ) -> FlexTensor {
-        let [tokens, qdim] = dims2(&q);
-        let q = f32_data(&q);
-        let out = match k_cache.dtype() {
-            DType::F16 => paged_attention(
-                &q,
-                &kv_slice::<half::f16>(k_cache),
-                &kv_slice::<half::f16>(v_cache),
-                seqs,
-                shape,
-            ),
-            DType::BF16 => paged_attention(
-                &q,
-                &kv_slice::<half::bf16>(k_cache),
-                &kv_slice::<half::bf16>(v_cache),
-                seqs,
-                shape,
-            ),
-            _ => paged_attention(&q, &f32_data(k_cache), &f32_data(v_cache), seqs, shape),
-        };
-        flex_from(out, [tokens, qdim])
+        flex_attention(q, k_cache, v_cache, seqs, shape, None)
+    }
+
+    fn paged_attention_with_sinks(
+        q: FlexTensor,
+        k_cache: &FlexTensor,
+        v_cache: &FlexTensor,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+        sinks: &[f32],
+    ) -> FlexTensor {
+        flex_attention(q, k_cache, v_cache, seqs, shape, Some(sinks))
     }
 
     fn quantized_matmul(x: FlexTensor, w: &QuantMatrix) -> FlexTensor {
@@ -554,6 +627,89 @@ mod tests {
         );
         let b = reference::paged_attention::<Flex>(flex_from(q, [6, 32]), &kc, &vc, &seqs, &shape);
         close(&vec_of(a), &vec_of(b), 1e-5);
+    }
+
+    /// Attention sinks (one logit per query head in the denominator) on the CPU's flash
+    /// kernel equal the burn-op reference, which appends the sink column to the scores, on
+    /// a sliding-window layer with a context long enough to be split into segments; and
+    /// they make a difference.
+    #[test]
+    fn flex_attention_sinks_match_reference() {
+        let mut seed = 5;
+        let shape = AttnShape {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            block_size: 16,
+            scale: 0.35,
+            window: Some(40),
+        };
+        let (num_blocks, kv_w) = (48, 2 * 8);
+        let rows = num_blocks * 16;
+        let kc = flex_from(rand(rows * kv_w, &mut seed), [rows, kv_w]);
+        let vc = flex_from(rand(rows * kv_w, &mut seed), [rows, kv_w]);
+        let t1: Vec<u32> = (0..40).rev().collect();
+        let t2 = [44u32, 41];
+        // A long decode row (split into segments), a prefill chunk, a short full-context
+        // row.
+        let seqs = [
+            AttnSeq {
+                q_offset: 0,
+                q_len: 1,
+                start_pos: 620,
+                block_table: &t1,
+            },
+            AttnSeq {
+                q_offset: 1,
+                q_len: 20,
+                start_pos: 3,
+                block_table: &t1,
+            },
+            AttnSeq {
+                q_offset: 21,
+                q_len: 2,
+                start_pos: 17,
+                block_table: &t2,
+            },
+        ];
+        let q: Vec<f32> = rand(23 * 32, &mut seed).iter().map(|v| v * 4.0).collect();
+        let sinks = [0.5f32, -1.0, 2.5, 1.2];
+        let all_slots: Vec<usize> = (0..rows).collect();
+        let kc_cpu = <Flex as EngineOps>::cache_keys(
+            flex_from(vec![0.0; rows * kv_w], [rows, kv_w]),
+            kc.clone(),
+            &all_slots,
+            &shape,
+        );
+        let a = vec_of(<Flex as EngineOps>::paged_attention_with_sinks(
+            flex_from(q.clone(), [23, 32]),
+            &kc_cpu,
+            &vc,
+            &seqs,
+            &shape,
+            &sinks,
+        ));
+        let b = vec_of(reference::paged_attention_sinks::<Flex>(
+            flex_from(q.clone(), [23, 32]),
+            &kc,
+            &vc,
+            &seqs,
+            &shape,
+            Some(&sinks),
+        ));
+        close(&a, &b, 1e-5);
+        let plain = vec_of(<Flex as EngineOps>::paged_attention(
+            flex_from(q, [23, 32]),
+            &kc_cpu,
+            &vc,
+            &seqs,
+            &shape,
+        ));
+        let moved = plain
+            .iter()
+            .zip(&a)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(moved > 1e-2, "sinks changed nothing ({moved})");
     }
 
     /// The fused CPU RMSNorm / RoPE / SwiGLU equal the burn-op defaults.

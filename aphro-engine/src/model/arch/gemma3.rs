@@ -7,7 +7,7 @@
 use aphro_core::gguf::GgufFile;
 use serde_json::Value;
 
-use super::{hf_f64, hf_sliding_window, Architecture};
+use super::{hf_f64, hf_sliding_layers, hf_sliding_window, Architecture};
 use crate::model::config::{LlamaConfig, MlpActivation};
 use crate::model::ModelError;
 
@@ -32,6 +32,12 @@ fn common(cfg: &mut LlamaConfig) {
 }
 
 fn from_hf(v: &Value, cfg: &mut LlamaConfig) -> Result<(), ModelError> {
+    // HF scales only the global layers' RoPE; the shared tables would scale both.
+    if cfg.rope_scaling.is_some() {
+        return Err(ModelError::Unsupported(
+            "Gemma 3 rope_scaling (it applies to the global layers only)".into(),
+        ));
+    }
     common(cfg);
     let scalar = hf_f64(v, "query_pre_attn_scalar").unwrap_or(cfg.head_dim as f64);
     let f = &mut cfg.features;
@@ -53,20 +59,8 @@ fn from_hf(v: &Value, cfg: &mut LlamaConfig) -> Result<(), ModelError> {
         cfg.rope_theta = t as f32;
     }
     let n = cfg.num_layers;
-    f.sliding_layers = match v.get("layer_types").and_then(|t| t.as_array()) {
-        Some(types) => {
-            let s: Vec<bool> = types
-                .iter()
-                .map(|t| t.as_str() == Some("sliding_attention"))
-                .collect();
-            if s.len() != n {
-                return Err(ModelError::Config(format!(
-                    "layer_types has {} entries for {n} layers",
-                    s.len()
-                )));
-            }
-            s
-        }
+    f.sliding_layers = match hf_sliding_layers(v, n)? {
+        Some(s) => s,
         None => {
             // Older configs: every `sliding_window_pattern`-th layer is global.
             let p = v

@@ -12,6 +12,7 @@ use super::config::LlamaConfig;
 use super::ModelError;
 
 mod gemma3;
+mod gpt_oss;
 mod granite;
 mod llama;
 mod mistral;
@@ -58,6 +59,7 @@ pub const REGISTRY: &[&Architecture] = &[
     &qwen3_moe::GGUF_ARCH,
     &mixtral::ARCH,
     &olmoe::ARCH,
+    &gpt_oss::ARCH,
 ];
 
 /// No renamed tensors (the Llama names).
@@ -133,6 +135,24 @@ pub(crate) fn hf_sliding_window(v: &Value) -> Option<usize> {
         .and_then(|x| x.as_u64())
         .map(|w| w as usize)
         .filter(|&w| w > 0)
+}
+
+/// HF's `layer_types` as "is a sliding-window layer" per layer (`None`: absent).
+pub(crate) fn hf_sliding_layers(v: &Value, layers: usize) -> Result<Option<Vec<bool>>, ModelError> {
+    let Some(types) = v.get("layer_types").and_then(|t| t.as_array()) else {
+        return Ok(None);
+    };
+    let s: Vec<bool> = types
+        .iter()
+        .map(|t| t.as_str() == Some("sliding_attention"))
+        .collect();
+    if s.len() != layers {
+        return Err(ModelError::Config(format!(
+            "layer_types has {} entries for {layers} layers",
+            s.len()
+        )));
+    }
+    Ok(Some(s))
 }
 
 #[cfg(test)]
