@@ -569,4 +569,29 @@ mod tests {
         assert_eq!(lp.top.len(), 1);
         assert_eq!((lp.top[0].token_id, lp.top[0].rank), (1, 1));
     }
+
+    #[test]
+    fn penalties_count_the_prompt_and_the_output() {
+        let (prompt, output) = ([1u32], [2u32, 2]);
+        let mut counts = Vec::new();
+        let mut l = vec![1.0f32, 4.0, 4.0, -1.0];
+        let rep = Penalties {
+            repetition: 2.0,
+            ..Penalties::NONE
+        };
+        apply_penalties(&mut l, rep, &prompt, &output, &mut counts);
+        assert_eq!(l, vec![1.0, 2.0, 2.0, -1.0]);
+        let mut l = vec![1.0f32, 4.0, 4.0, -1.0];
+        let freq = Penalties {
+            frequency: 0.5,
+            presence: 1.0,
+            ..Penalties::NONE
+        };
+        apply_penalties(&mut l, freq, &prompt, &output, &mut counts);
+        assert_eq!(
+            l,
+            vec![1.0, 4.0, 2.0, -1.0],
+            "frequency and presence count the output only"
+        );
+    }
 }

@@ -70,13 +70,9 @@ pub(crate) fn decode_window(
         }
         let logits = &mut state.logits;
         // CTranslate2's processor order: penalties first, then suppression and timestamps.
-        apply_penalties(
-            logits,
-            rules.penalties,
-            prompt,
-            &tokens,
-            &mut scratch.counts,
-        );
+        // Its penalties count the tokens generated in this window, not the prompt (which
+        // holds the previous window's text).
+        apply_penalties(logits, rules.penalties, &[], &tokens, &mut scratch.counts);
         for &t in rules.suppress {
             mask(logits, t);
         }
@@ -361,30 +357,5 @@ mod tests {
                 "{truncation:?}: {draws:?}"
             );
         }
-    }
-
-    #[test]
-    fn penalties_count_the_prompt_and_the_output() {
-        let (prompt, output) = ([1u32], [2u32, 2]);
-        let mut counts = Vec::new();
-        let mut l = vec![1.0f32, 4.0, 4.0, -1.0];
-        let rep = Penalties {
-            repetition: 2.0,
-            ..Penalties::NONE
-        };
-        apply_penalties(&mut l, rep, &prompt, &output, &mut counts);
-        assert_eq!(l, vec![1.0, 2.0, 2.0, -1.0]);
-        let mut l = vec![1.0f32, 4.0, 4.0, -1.0];
-        let freq = Penalties {
-            frequency: 0.5,
-            presence: 1.0,
-            ..Penalties::NONE
-        };
-        apply_penalties(&mut l, freq, &prompt, &output, &mut counts);
-        assert_eq!(
-            l,
-            vec![1.0, 4.0, 2.0, -1.0],
-            "frequency and presence count the output only"
-        );
     }
 }

@@ -57,7 +57,8 @@ pub struct TranscribeOptions {
     pub temperature: f32,
     /// min_p / top_k / top_p on the draw when `temperature > 0` (the engine's sampler).
     pub truncation: Truncation,
-    /// Repetition, frequency and presence penalties over each window's prompt and output.
+    /// Repetition, frequency and presence penalties over the tokens generated in each
+    /// window (CTranslate2's `repetition_penalty` counts those only).
     pub penalties: Penalties,
     /// Seed of the sampler when `temperature > 0`.
     pub seed: Option<u64>,
