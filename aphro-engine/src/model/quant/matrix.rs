@@ -215,36 +215,44 @@ impl QuantMatrix {
             .collect();
         let total_groups: usize = mats.iter().map(|(m, _)| m.rows.div_ceil(GROUP)).sum();
         let groups_per_task = (total_groups / (rayon::current_num_threads() * 8)).clamp(1, 8);
-        // (matrix, its packing, first group, output rows of those groups), over every matrix.
-        type Task<'a> = (&'a QuantMatrix, Packing, usize, &'a mut [f32]);
+        let rows_per_task = GROUP * groups_per_task;
+        // (matrix, its packing, first group, per token the task's slice of that token's
+        // output row), over every matrix. The tasks write straight into the `[tokens, rows]`
+        // result: no `[rows, tokens]` buffer to transpose afterwards (for a large
+        // vocabulary that transpose, serial and strided, cost as much as the logits matmul).
+        type Task<'a> = (&'a QuantMatrix, Packing, usize, Vec<&'a mut [f32]>);
         let mut tasks: Vec<Task<'_>> = Vec::new();
         for (&(m, p), out) in mats.iter().zip(outs.iter_mut()) {
-            for (i, chunk) in out.chunks_mut(tokens * GROUP * groups_per_task).enumerate() {
-                tasks.push((m, p, i * groups_per_task, chunk));
+            let mut per_token: Vec<_> = out
+                .chunks_mut(m.rows.max(1))
+                .map(|row| row.chunks_mut(rows_per_task))
+                .collect();
+            for i in 0..m.rows.div_ceil(rows_per_task) {
+                let slices = per_token.iter_mut().filter_map(Iterator::next).collect();
+                tasks.push((m, p, i * groups_per_task, slices));
             }
         }
-        let run = |(m, p, g0, out): Task<'_>| m.fill_groups(p, acts, g0, out, tokens);
+        let run = |(m, p, g0, mut out): Task<'_>| m.fill_groups(p, acts, g0, &mut out);
         if tasks.len() > 1 {
             tasks.into_par_iter().for_each(run);
         } else {
             tasks.into_iter().for_each(run);
         }
-        for ((m, _), out) in mats.iter().zip(outs.iter_mut()) {
-            if tokens > 1 {
-                *out = transpose(out, m.rows, tokens);
-            }
-        }
         outs
     }
 
-    /// Rows of groups `g0..` into `out` (`[rows, tokens]`, as many groups as it holds);
-    /// `p` is this matrix's packing.
-    fn fill_groups(&self, p: Packing, acts: &Q8Acts, g0: usize, out: &mut [f32], tokens: usize) {
+    /// Rows of groups `g0..` into `out` (per token, that token's output for those rows: as
+    /// many groups as the slices hold); `p` is this matrix's packing.
+    fn fill_groups(&self, p: Packing, acts: &Q8Acts, g0: usize, out: &mut [&mut [f32]]) {
         let nb = self.blocks_per_row();
         let gbb = p.group_block_bytes();
-        for (gi, out) in out.chunks_mut(tokens * GROUP).enumerate() {
+        let tokens = out.len();
+        let rows = out.first().map_or(0, |o| o.len());
+        for gi in 0..rows.div_ceil(GROUP) {
             let g = g0 + gi;
             let group = &self.data[g * nb * gbb..(g + 1) * nb * gbb];
+            let r0 = gi * GROUP;
+            let r1 = (r0 + GROUP).min(rows);
             // Up to four tokens share each unpacked weight vector; the group (a few KiB)
             // stays in L1 across the batch's tokens.
             let mut t = 0;
@@ -262,11 +270,7 @@ impl QuantMatrix {
                     _ => group_dot::<1>(p, group, rows, &mut res),
                 }
                 for (i, res) in res[..n].iter().enumerate() {
-                    for (k, &v) in res.iter().enumerate() {
-                        if let Some(o) = out.get_mut(k * tokens + t + i) {
-                            *o = v;
-                        }
-                    }
+                    out[t + i][r0..r1].copy_from_slice(&res[..r1 - r0]);
                 }
                 t += n;
             }
