@@ -16,7 +16,10 @@
 # "1 2"), REPS (llama-bench repetitions, default 2), LLAMA_FA (llama-bench flash attention,
 # default 1: its faster CPU setting at long contexts), KV_DTYPE (aphro's --kv-cache-dtype,
 # default float16: llama.cpp's default KV cache type, so both read the same bytes per key),
-# LLAMA_CPP_PY_VERSION, JOBS (build parallelism, default 2).
+# LLAMA_CPP_PY_VERSION, JOBS (build parallelism, default 2). The points, for a shorter run
+# (a second model, say): PREFILL_LENS (default 512,2048,4096,8192), DECODE_DEPTHS (default
+# 0,2048,8064), CONCURRENCY (default 8,16,32), STALL_PROMPT_LEN (aphro's stall and abort
+# measurement, default 8192; 0 skips it).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,6 +31,10 @@ REPS=${REPS:-2}
 LLAMA_FA=${LLAMA_FA:-1}
 JOBS=${JOBS:-2}
 KV_DTYPE=${KV_DTYPE:-float16}
+PREFILL_LENS=${PREFILL_LENS:-512,2048,4096,8192}
+DECODE_DEPTHS=${DECODE_DEPTHS:-0,2048,8064}
+CONCURRENCY=${CONCURRENCY:-8,16,32}
+STALL_PROMPT_LEN=${STALL_PROMPT_LEN:-8192}
 VERSION=${LLAMA_CPP_PY_VERSION:-0.3.16}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/aphro/llama.cpp
 SRC=$CACHE/llama_cpp_python-$VERSION
@@ -78,24 +85,25 @@ APHRO=${CARGO_TARGET_DIR:-$ROOT/target}/debug/aphro
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 for T in $THREADS; do
-    echo "[$T threads] llama-bench prefill -p 512,2048,4096,8192 ..." >&2
-    "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p 512,2048,4096,8192 -n 0 \
+    echo "[$T threads] llama-bench prefill -p $PREFILL_LENS ..." >&2
+    "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p "$PREFILL_LENS" -n 0 \
         -o json >"$OUT/llama-pp-$T.json" 2>/dev/null
-    echo "[$T threads] llama-bench decode -n 128 -d 0,2048,8064 ..." >&2
-    "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p 0 -n 128 -d 0,2048,8064 \
+    echo "[$T threads] llama-bench decode -n 128 -d $DECODE_DEPTHS ..." >&2
+    "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p 0 -n 128 -d "$DECODE_DEPTHS" \
         -o json >"$OUT/llama-tg-$T.json" 2>/dev/null
     # Concurrency: the same shape as `aphro bench`'s aggregate (32-token prompts, 128 new
     # tokens each, 8/16/32 sequences decoded together; prefill counted in the wall time).
-    echo "[$T threads] llama-batched-bench -npp 32 -ntg 128 -npl 8,16,32 ..." >&2
+    echo "[$T threads] llama-batched-bench -npp 32 -ntg 128 -npl $CONCURRENCY ..." >&2
     # llama-batched-bench takes flash attention as a bare flag (llama-bench as 0/1).
     FA_FLAG=()
     [ "$LLAMA_FA" = 1 ] && FA_FLAG=(-fa)
     "$BATCHED" -m "$MODEL" -t "$T" -c 8192 -b 2048 -ub 512 "${FA_FLAG[@]}" -npp 32 -ntg 128 \
-        -npl 8,16,32 --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/batched-$T.jsonl"
+        -npl "$CONCURRENCY" --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/batched-$T.jsonl"
     echo "[$T threads] aphro bench --json ..." >&2
     RAYON_NUM_THREADS=$T "$APHRO" bench --model "$MODEL" --dtype auto --json \
         --kv-cache-dtype "$KV_DTYPE" \
-        --prefill-lens 512,2048,4096,8192 --decode-contexts 0,2048,8064 \
+        --prefill-lens "$PREFILL_LENS" --decode-contexts "$DECODE_DEPTHS" \
+        --concurrency "$CONCURRENCY" --stall-prompt-len "$STALL_PROMPT_LEN" \
         >"$OUT/aphro-$T.json"
 done
 
