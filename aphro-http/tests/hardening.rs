@@ -59,8 +59,11 @@ fn render_server_survives_stalled_surplus_and_malformed_clients() {
         "launch",
         "render",
         &model,
+        // Longer than the surplus check below takes on a loaded machine: with 1 s, the 64
+        // idle sockets could time out before the 65th connected, and it was then served
+        // (and closed idle) instead of refused.
         "--timeout-keep-alive",
-        "1",
+        "3",
         "--request-body-timeout",
         "2",
         "--max-connections",
@@ -123,7 +126,7 @@ fn render_server_survives_stalled_surplus_and_malformed_clients() {
     );
     drop(idle);
     // Idle sockets are closed by the keep-alive timeout; the slots come back.
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(3500));
     assert!(timed_health(&s) < Duration::from_secs(1));
 
     // Made-up methods and paths add no series to /metrics.
