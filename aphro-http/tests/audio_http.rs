@@ -297,6 +297,17 @@ async fn malformed_forms_are_vllms_errors() {
             StatusCode::BAD_REQUEST,
             "timestamp_granularities[]=word is not supported",
         ),
+        // Fields the model cannot honour are refused by name, not accepted and dropped.
+        (
+            vec![file, ("vllm_xargs", None, br#"{"my_processor_arg": 1}"#)],
+            StatusCode::BAD_REQUEST,
+            r#"vllm_xargs ["my_processor_arg"] cannot be honoured"#,
+        ),
+        (
+            vec![file, ("to_language", None, b"de")],
+            StatusCode::BAD_REQUEST,
+            "to_language 'de' is not supported: this model writes transcripts in the spoken language only, in 'en'",
+        ),
     ];
     for (parts, status, want) in cases {
         let r = post(app(), TRANSCRIBE, &parts).await;
@@ -407,6 +418,41 @@ async fn every_response_format_on_the_real_model() {
     let v = r.json();
     assert_eq!(normalized(v["text"].as_str().expect("text")), want);
     assert!(v.get("usage").is_none(), "{v}");
+
+    // `to_language` naming the language the model writes is accepted (an empty
+    // `vllm_xargs` too); any other target is refused by name.
+    let r = post(
+        app(),
+        "/v1/audio/translations",
+        &[file, ("to_language", None, b"en")],
+    )
+    .await;
+    assert_eq!(normalized(r.json()["text"].as_str().expect("text")), want);
+    let r = post(
+        app(),
+        TRANSCRIBE,
+        &[
+            file,
+            ("to_language", None, b"en"),
+            ("vllm_xargs", None, b"{}"),
+        ],
+    )
+    .await;
+    assert_eq!(normalized(r.json()["text"].as_str().expect("text")), want);
+    let r = post(
+        app(),
+        "/v1/audio/translations",
+        &[file, ("to_language", None, b"fr")],
+    )
+    .await;
+    let msg = r.error(StatusCode::BAD_REQUEST);
+    assert!(
+        msg.contains(
+            "to_language 'fr' is not supported: this model writes translations in English only"
+        ),
+        "{msg}"
+    );
+    assert_eq!(r.json()["error"]["param"], "to_language");
 }
 
 #[tokio::test]

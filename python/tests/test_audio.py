@@ -132,6 +132,14 @@ def test_decoding_options_over_http(client):
             timestamp_granularities=["word"],
         )
     assert "timestamp_granularities[]=word is not supported" in str(e.value)
+    # Fields Whisper cannot honour are refused by name rather than dropped.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.translations.create(
+            model=MODEL,
+            file=("yes.wav", (AUDIO / "a10_yes.wav").read_bytes()),
+            extra_body={"to_language": "fr"},
+        )
+    assert "to_language 'fr' is not supported" in str(e.value)
 
 
 def test_transcriber_in_process():

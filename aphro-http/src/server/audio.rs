@@ -101,8 +101,11 @@ pub struct TranscriptionForm {
     pub stream_include_usage: bool,
     #[serde(default)]
     pub stream_continuous_usage_stats: bool,
-    /// Extra engine arguments as a JSON object string.
+    /// Extra engine arguments as a JSON object string (vLLM's, for custom logits
+    /// processors): only `{}` is accepted, as the speech decoder has none.
     pub vllm_xargs: Option<String>,
+    /// The language of the text out: the spoken one (transcriptions) or `en` (translations);
+    /// any other is refused.
     pub to_language: Option<String>,
     #[serde(default)]
     pub use_beam_search: bool,
@@ -304,6 +307,16 @@ fn prepare(
     if task == SpeechTask::Transcribe {
         if let Some(raw) = &form.vllm_xargs {
             match serde_json::from_str::<Value>(raw) {
+                // vLLM hands these to custom logits processors; the Whisper decoder has
+                // none, so a key would be dropped without effect. Say so instead.
+                Ok(Value::Object(keys)) if !keys.is_empty() => {
+                    let names: Vec<&str> = keys.keys().map(String::as_str).collect();
+                    return Err(ApiError::bad_request(format!(
+                        "vllm_xargs {names:?} cannot be honoured: the speech decoder has no custom \
+                         logits processors to pass them to"
+                    ))
+                    .with_param("vllm_xargs"));
+                }
                 Ok(Value::Object(_)) => {}
                 Ok(_) => {
                     return Err(ApiError::bad_request(
@@ -389,10 +402,15 @@ fn prepare(
     };
     let info = serving.transcriber.info();
     let language = form.language.filter(|l| !l.is_empty());
-    serving
+    let spoken = serving
         .transcriber
         .resolve_language(language.as_deref())
         .map_err(ApiError::from)?;
+    check_to_language(
+        form.to_language.as_deref().filter(|l| !l.is_empty()),
+        task,
+        spoken,
+    )?;
     let options = TranscribeOptions {
         task: effective_task(task, info.is_multilingual),
         language,
@@ -422,6 +440,40 @@ fn prepare(
         include_usage: form.stream_include_usage,
         continuous_usage: form.stream_continuous_usage_stats && form.stream_include_usage,
     })
+}
+
+/// `to_language` names the language of the text out. Whisper writes the spoken language
+/// (transcriptions) or English (translations) and nothing else, so any other value is a 400
+/// rather than a field accepted and ignored as vLLM does. `spoken`: the language the
+/// transcript will be in, when known before decoding (`None`: detected per request).
+fn check_to_language(
+    to_language: Option<&str>,
+    task: SpeechTask,
+    spoken: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(target) = to_language else {
+        return Ok(());
+    };
+    let out = match task {
+        SpeechTask::Translate => Some("en"),
+        SpeechTask::Transcribe => spoken,
+    };
+    match out {
+        Some(out) if out == target => Ok(()),
+        Some(out) => Err(ApiError::bad_request(format!(
+            "to_language '{target}' is not supported: this model writes {}, in '{out}'",
+            match task {
+                SpeechTask::Translate => "translations in English only",
+                SpeechTask::Transcribe => "transcripts in the spoken language only",
+            }
+        ))
+        .with_param("to_language")),
+        None => Err(ApiError::bad_request(format!(
+            "to_language '{target}' needs `language`: the transcript is in the spoken \
+             language, which is otherwise detected"
+        ))
+        .with_param("to_language")),
+    }
 }
 
 /// Transcribe audio into the language spoken in it.
