@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use aphro_engine::speech::mel::MelFrontEnd;
 use aphro_engine::speech::{
     GenerateRequest, Penalties, SpeechError, TranscribeOptions, Transcriber, TranscriberConfig,
+    Transcription,
 };
 use serde_json::Value;
 
@@ -246,6 +247,77 @@ fn normalize(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// `got` against faster-whisper's `reference` of fixture clip `id`: text, duration, every
+/// segment's boundaries, seek, text, tokens and scores.
+fn check_reference(id: &str, got: &Transcription, r: &Value) {
+    assert_eq!(
+        normalize(&got.text),
+        normalize(r["text"].as_str().expect("test data")),
+        "{id}: text"
+    );
+    assert_eq!(got.language, "en");
+    // The golden's duration went through float32 (7 significant digits).
+    let want_duration = r["duration"].as_f64().expect("test data");
+    assert!(
+        (got.duration - want_duration).abs() <= 1e-6 * want_duration.max(1.0),
+        "{id}: duration {} vs {want_duration}",
+        got.duration
+    );
+    let want = r["segments"].as_array().expect("test data");
+    assert_eq!(got.segments.len(), want.len(), "{id}: segment count");
+    for (g, w) in got.segments.iter().zip(want) {
+        let what = format!("{id} segment {}", g.id);
+        assert_eq!(g.id as u64, w["id"].as_u64().expect("test data"), "{what}");
+        assert_eq!(
+            g.seek as u64,
+            w["seek"].as_u64().expect("test data"),
+            "{what}: seek"
+        );
+        assert!(
+            (g.start - w["start"].as_f64().expect("test data")).abs() <= TIME_TOL,
+            "{what}: start"
+        );
+        assert!(
+            (g.end - w["end"].as_f64().expect("test data")).abs() <= TIME_TOL,
+            "{what}: end"
+        );
+        assert_eq!(
+            g.text,
+            w["text"].as_str().expect("test data"),
+            "{what}: text"
+        );
+        assert_eq!(g.tokens, ids(&w["tokens"]), "{what}: tokens");
+        // The compression ratio depends on the deflate implementation's output length:
+        // faster-whisper's is CPython's zlib, ours zlib-rs, whose streams for the same
+        // text can differ by a few bytes. Equal within 5% is the same text compressing
+        // alike; the 2.4 threshold it feeds is far from the values here.
+        for (field, got, tol) in [
+            ("avg_logprob", g.avg_logprob, 1e-3),
+            ("no_speech_prob", g.no_speech_prob, 1e-3),
+            (
+                "compression_ratio",
+                g.compression_ratio,
+                0.05 * w["compression_ratio"].as_f64().expect("test data"),
+            ),
+        ] {
+            let want = w[field].as_f64().expect("test data");
+            assert!((got - want).abs() <= tol, "{what}: {field} {got} vs {want}");
+        }
+    }
+    if id == "a08_silence" {
+        assert_eq!(got.text, "");
+        assert!(got.segments.is_empty());
+    }
+    if id == "a09_long_chunking" {
+        let seeks: Vec<usize> = got.segments.iter().map(|s| s.seek).collect();
+        assert_eq!(
+            seeks.last(),
+            Some(&2712),
+            "the second window starts at 27.12 s"
+        );
+    }
+}
+
 /// Whole transcriptions as faster-whisper makes them: text, segment boundaries and seeks.
 #[test]
 fn transcripts_equal_faster_whisper() {
@@ -270,79 +342,46 @@ fn transcripts_equal_faster_whisper() {
             got.duration,
             got.duration / secs
         );
-        assert_eq!(
-            normalize(&got.text),
-            normalize(r["text"].as_str().expect("test data")),
-            "{id}: text"
-        );
-        assert_eq!(got.language, "en");
-        // The golden's duration went through float32 (7 significant digits).
-        let want_duration = r["duration"].as_f64().expect("test data");
-        assert!(
-            (got.duration - want_duration).abs() <= 1e-6 * want_duration.max(1.0),
-            "{id}: duration {} vs {want_duration}",
-            got.duration
-        );
-        let want = r["segments"].as_array().expect("test data");
-        assert_eq!(got.segments.len(), want.len(), "{id}: segment count");
         assert_eq!(streamed, got.segments, "{id}: streamed segments");
-        for (g, w) in got.segments.iter().zip(want) {
-            let what = format!("{id} segment {}", g.id);
-            assert_eq!(g.id as u64, w["id"].as_u64().expect("test data"), "{what}");
-            assert_eq!(
-                g.seek as u64,
-                w["seek"].as_u64().expect("test data"),
-                "{what}: seek"
-            );
-            assert!(
-                (g.start - w["start"].as_f64().expect("test data")).abs() <= TIME_TOL,
-                "{what}: start"
-            );
-            assert!(
-                (g.end - w["end"].as_f64().expect("test data")).abs() <= TIME_TOL,
-                "{what}: end"
-            );
-            assert_eq!(
-                g.text,
-                w["text"].as_str().expect("test data"),
-                "{what}: text"
-            );
-            assert_eq!(g.tokens, ids(&w["tokens"]), "{what}: tokens");
-            // The compression ratio depends on the deflate implementation's output length:
-            // faster-whisper's is CPython's zlib, ours zlib-rs, whose streams for the same
-            // text can differ by a few bytes. Equal within 5% is the same text compressing
-            // alike; the 2.4 threshold it feeds is far from the values here.
-            for (field, got, tol) in [
-                ("avg_logprob", g.avg_logprob, 1e-3),
-                ("no_speech_prob", g.no_speech_prob, 1e-3),
-                (
-                    "compression_ratio",
-                    g.compression_ratio,
-                    0.05 * w["compression_ratio"].as_f64().expect("test data"),
-                ),
-            ] {
-                let want = w[field].as_f64().expect("test data");
-                assert!((got - want).abs() <= tol, "{what}: {field} {got} vs {want}");
-            }
-        }
-        if id == "a08_silence" {
-            assert_eq!(got.text, "");
-            assert!(got.segments.is_empty());
-        }
-        if id == "a09_long_chunking" {
-            let seeks: Vec<usize> = got.segments.iter().map(|s| s.seek).collect();
-            assert_eq!(
-                seeks.last(),
-                Some(&2712),
-                "the second window starts at 27.12 s"
-            );
-        }
+        check_reference(id, &got, r);
     }
     eprintln!(
         "all clips: {total_audio:.2} s of audio in {total_compute:.3} s (real-time factor {:.1}, WHISPER_THREADS={:?})",
         total_audio / total_compute,
         std::env::var("WHISPER_THREADS").ok()
     );
+}
+
+/// Transcriptions on several threads at once share their decoding steps (one batched step
+/// decodes a token of each), and each still equals faster-whisper's, clip for clip.
+#[test]
+fn concurrent_transcriptions_batch_their_steps_and_equal_faster_whisper() {
+    // Its own model, so the batch counters see only these calls.
+    let t = Transcriber::load(&model_dir(), TranscriberConfig::default()).expect("tiny.en loads");
+    let cases = wav_cases();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    const WORKERS: usize = 3;
+    std::thread::scope(|scope| {
+        for _ in 0..WORKERS {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let id = case["id"].as_str().expect("test data");
+                let samples = read_wav(&testdata(case["file"].as_str().expect("test data")));
+                let got = t
+                    .transcribe(&samples, &TranscribeOptions::default())
+                    .expect("transcribe");
+                check_reference(id, &got, &case["reference"]);
+            });
+        }
+    });
+    let stats = t.batch_stats();
+    eprintln!("{stats:?}");
+    assert!(
+        stats.largest >= 2 && stats.tokens > stats.steps,
+        "three transcriptions at once never shared a step: {stats:?}"
+    );
+    assert!(stats.largest <= WORKERS, "{stats:?}");
 }
 
 /// `hotwords`, `repetition_penalty` and an initial prompt with hotwords against faster-whisper

@@ -570,3 +570,42 @@ async fn a_speech_server_mounts_the_audio_routes_only() {
         (StatusCode::NOT_FOUND, r#"{"detail":"Not Found"}"#)
     );
 }
+
+/// Requests at once run at once (their decoding steps batched in the model), and each gets
+/// its own transcript.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_each_get_their_own_transcript() {
+    let (yes, hello_flac, hello_ogg) = (
+        clip("a10_yes.wav"),
+        clip("a01_hello_us.flac"),
+        clip("a01_hello_us.ogg"),
+    );
+    let text = |r: Reply| {
+        let v = r.json();
+        normalized(v["text"].as_str().unwrap_or_else(|| panic!("{v}")))
+    };
+    let parts: [[Part<'_>; 1]; 3] = [
+        [("file", Some("yes.wav"), &yes)],
+        [("file", Some("hello.flac"), &hello_flac)],
+        [("file", Some("hello.ogg"), &hello_ogg)],
+    ];
+    // Without the shared server's 3 s limit, so the clips differ.
+    let app = Server::builder()
+        .model(whisper_dir().to_string_lossy())
+        .role(Role::Speech)
+        .speech_threads(2)
+        .build()
+        .expect("speech server")
+        .router();
+    // Ogg Vorbis is lossy: its transcript alone is what it must get at once too.
+    let vorbis_alone = text(post(app.clone(), TRANSCRIBE, &parts[2]).await);
+    let (a, b, c) = tokio::join!(
+        post(app.clone(), TRANSCRIBE, &parts[0]),
+        post(app.clone(), TRANSCRIBE, &parts[1]),
+        post(app, TRANSCRIBE, &parts[2]),
+    );
+    assert_eq!(text(a), reference_text("a10_yes"));
+    assert_eq!(text(b), reference_text("a01_hello_us"));
+    assert_eq!(text(c), vorbis_alone);
+    assert_ne!(vorbis_alone, reference_text("a10_yes"));
+}

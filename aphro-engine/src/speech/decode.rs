@@ -9,6 +9,7 @@
 use rand_chacha::rand_core::RngCore;
 use rand_chacha::ChaCha8Rng;
 
+use super::batch::StepBatcher;
 use super::model::{DecoderState, WhisperModel};
 use super::tokens::SpecialTokens;
 use crate::sampler::{apply_penalties, draw, unit_interval, Penalties, Truncation};
@@ -31,6 +32,13 @@ pub(crate) struct DecodeRules<'a> {
     pub penalties: Penalties,
 }
 
+/// Where a window's decoding steps run: on `pool`, batched with other transcriptions'
+/// steps through `batcher` when there is one.
+pub(crate) struct Stepper<'a> {
+    pub pool: &'a rayon::ThreadPool,
+    pub batcher: Option<&'a StepBatcher>,
+}
+
 /// The outcome of one window.
 #[derive(Debug, Clone)]
 pub(crate) struct WindowResult {
@@ -50,23 +58,34 @@ pub(crate) fn decode_window(
     sot_index: usize,
     rules: &DecodeRules<'_>,
     rng: &mut ChaCha8Rng,
+    stepper: &Stepper<'_>,
 ) -> WindowResult {
     let sp = rules.special;
-    model.truncate(state, 0);
-    model.decode(state, prompt);
-    let last = prompt.len() - 1;
-    model.logits(state, sot_index);
-    let no_speech_prob = softmax_at(&state.logits, sp.no_speech as usize);
-    if sot_index != last {
-        model.logits(state, last);
-    }
+    let no_speech_prob = stepper.pool.install(|| {
+        model.truncate(state, 0);
+        model.decode(state, prompt);
+        let last = prompt.len() - 1;
+        model.logits(state, sot_index);
+        let no_speech_prob = softmax_at(&state.logits, sp.no_speech as usize);
+        if sot_index != last {
+            model.logits(state, last);
+        }
+        no_speech_prob
+    });
     let mut tokens: Vec<u32> = Vec::with_capacity(rules.max_new_tokens);
     let mut scratch = PickScratch::default();
     let mut sum_logprob = 0f64;
+    let _member = stepper.batcher.map(StepBatcher::join);
     for step in 0..rules.max_new_tokens {
         if step > 0 {
-            model.decode(state, &tokens[tokens.len() - 1..]);
-            model.logits(state, 0);
+            let token = tokens[tokens.len() - 1];
+            match stepper.batcher {
+                Some(b) => b.step(model, stepper.pool, state, token),
+                None => stepper.pool.install(|| {
+                    model.decode(state, &[token]);
+                    model.logits(state, 0);
+                }),
+            }
         }
         let logits = &mut state.logits;
         // CTranslate2's processor order: penalties first, then suppression and timestamps.

@@ -15,6 +15,7 @@ use std::path::Path;
 
 use crate::model::ModelError;
 
+mod batch;
 pub mod ct2;
 mod decode;
 pub mod mel;
@@ -23,6 +24,7 @@ mod tokens;
 mod transcribe;
 
 pub use crate::sampler::{Penalties, Truncation};
+pub use batch::BatchStats;
 pub use model::WhisperDims;
 pub use tokens::{VLLM_SUPPORTED_LANGUAGES, WHISPER_LANGUAGES};
 
@@ -178,7 +180,8 @@ pub struct GenerateRequest {
     pub max_new_tokens: Option<usize>,
 }
 
-/// A loaded Whisper model. `Send + Sync`: share it behind an `Arc`.
+/// A loaded Whisper model. `Send + Sync`: share it behind an `Arc`; transcriptions running
+/// on several threads at once decode their tokens in shared batched steps.
 pub struct Transcriber {
     loaded: transcribe::Loaded,
 }
@@ -211,6 +214,12 @@ impl Transcriber {
     /// The model's shape.
     pub fn dims(&self) -> WhisperDims {
         self.loaded.model.dims
+    }
+
+    /// How the decoding steps of concurrent [`Transcriber::transcribe`] calls were batched
+    /// so far (calls on several threads share each step's weight reads).
+    pub fn batch_stats(&self) -> BatchStats {
+        self.loaded.batcher.stats()
     }
 
     /// `samples`: 16 kHz mono in [-1, 1]. faster-whisper's sequential 30 s windows.

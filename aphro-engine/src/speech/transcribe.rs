@@ -9,8 +9,9 @@ use std::path::Path;
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::batch::StepBatcher;
 use super::ct2::Ct2Model;
-use super::decode::{decode_window, DecodeRules, WindowResult};
+use super::decode::{decode_window, DecodeRules, Stepper, WindowResult};
 use super::mel::{LogMel, MelFrontEnd, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
 use super::model::WhisperModel;
 use super::tokens::{unsupported_language, WhisperTokenizer, WHISPER_LANGUAGES};
@@ -48,6 +49,8 @@ pub(super) struct Loaded {
     pub suppress_begin: Vec<u32>,
     pub info: WhisperInfo,
     pub pool: rayon::ThreadPool,
+    /// Shares decoding steps among concurrent transcriptions.
+    pub batcher: StepBatcher,
 }
 
 fn config_ids(cfg: &serde_json::Value, key: &str) -> Result<Option<Vec<u32>>, SpeechError> {
@@ -161,6 +164,7 @@ pub(super) fn load(model_dir: &Path, config: &TranscriberConfig) -> Result<Loade
         suppress_begin,
         info,
         pool,
+        batcher: StepBatcher::default(),
     })
 }
 
@@ -375,8 +379,14 @@ impl Transcriber {
                         truncation: Truncation::NONE,
                         penalties: Penalties::NONE,
                     };
-                    decode_window(&l.model, &mut state, &r.prompt, sot_index, &rules, &mut rng)
-                        .tokens
+                    let stepper = Stepper {
+                        pool: &l.pool,
+                        batcher: None,
+                    };
+                    decode_window(
+                        &l.model, &mut state, &r.prompt, sot_index, &rules, &mut rng, &stepper,
+                    )
+                    .tokens
                 })
                 .collect();
             Ok(out)
@@ -448,13 +458,17 @@ impl Transcriber {
             let segment_size = N_FRAMES.min(content_frames - seek);
             mel.window_into(seek, segment_size, &mut window);
             let previous = &all_tokens[prompt_reset_since..];
-            let (lang, prompt, result) = l.pool.install(|| {
+            // The encoder and the prompt run on the pool; the token loop runs here, each
+            // step on the pool and batched with other transcriptions' steps.
+            let lang = l.pool.install(|| {
                 let audio = model.encode(&window);
                 model.begin_window(&mut state, &audio);
-                let lang = match language {
+                match language {
                     Some(l) => l,
                     None => self.detect_language(&mut state),
-                };
+                }
+            });
+            let (prompt, result) = {
                 // The prompt: <|startofprev|> + the last 223 previous text tokens, then the
                 // start-of-transcript sequence.
                 let mut prompt = Vec::with_capacity(n_text_ctx);
@@ -487,9 +501,15 @@ impl Transcriber {
                     truncation: opts.truncation,
                     penalties: opts.penalties,
                 };
-                let result = decode_window(model, &mut state, &prompt, sot_index, &rules, &mut rng);
-                (lang, prompt, result)
-            });
+                let stepper = Stepper {
+                    pool: &l.pool,
+                    batcher: Some(&l.batcher),
+                };
+                let result = decode_window(
+                    model, &mut state, &prompt, sot_index, &rules, &mut rng, &stepper,
+                );
+                (prompt, result)
+            };
             language = Some(lang);
             let WindowResult {
                 tokens,

@@ -32,17 +32,25 @@ use utoipa_axum::routes;
 pub struct SpeechServing {
     pub transcriber: Arc<Transcriber>,
     pub limits: UploadLimits,
-    /// One transcription at a time: the model already uses every thread it was given, and
-    /// the semaphore is fair, so requests run in arrival order.
+    /// Transcriptions running at once ([`SpeechServing::MAX_CONCURRENT`] at most); the
+    /// rest wait in arrival order (the semaphore is fair).
     gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl SpeechServing {
-    pub fn new(transcriber: Arc<Transcriber>, limits: UploadLimits) -> Self {
+    /// The most transcriptions run at once. Concurrent ones share each decoding step (one
+    /// read of the weights for all), which stops paying once the step is compute-bound;
+    /// every running one holds its audio, encoder activations and caches (~30 MB on tiny).
+    pub const MAX_CONCURRENT: usize = 8;
+
+    /// `max_num_seqs`: `--max-num-seqs`, capped at [`Self::MAX_CONCURRENT`].
+    pub fn new(transcriber: Arc<Transcriber>, limits: UploadLimits, max_num_seqs: usize) -> Self {
         SpeechServing {
             transcriber,
             limits,
-            gate: Arc::new(tokio::sync::Semaphore::new(1)),
+            gate: Arc::new(tokio::sync::Semaphore::new(
+                max_num_seqs.clamp(1, Self::MAX_CONCURRENT),
+            )),
         }
     }
 }

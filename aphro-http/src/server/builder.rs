@@ -444,6 +444,7 @@ impl ServerBuilder {
                 AppState::new(settings).with_speech(Arc::new(super::audio::SpeechServing::new(
                     Arc::new(transcriber),
                     self.upload_limits,
+                    self.engine.max_num_seqs,
                 )))
             }
             Role::Full | Role::TokensOnly => {
