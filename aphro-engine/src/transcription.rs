@@ -175,6 +175,7 @@ mod tests {
         Transcription {
             text: " Hello world. Second <b> part.".into(),
             language: "en".into(),
+            language_probability: 1.0,
             duration: 4.140437,
             segments: vec![
                 seg(1, 0.0, 2.0, " Hello world."),

@@ -9,8 +9,8 @@ use std::sync::OnceLock;
 
 use aphro_engine::speech::mel::MelFrontEnd;
 use aphro_engine::speech::{
-    GenerateRequest, Penalties, SpeechError, TranscribeOptions, Transcriber, TranscriberConfig,
-    Transcription,
+    GenerateRequest, Penalties, SpeechError, SpeechTask, TranscribeOptions, Transcriber,
+    TranscriberConfig, Transcription,
 };
 use serde_json::Value;
 
@@ -26,10 +26,14 @@ fn testdata(name: &str) -> PathBuf {
 }
 
 fn model_dir() -> PathBuf {
+    asset_model("whisper-tiny.en")
+}
+
+fn asset_model(name: &str) -> PathBuf {
     let assets = std::env::var_os("APHRO_ASSETS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.assets"));
-    let dir = assets.join("models/whisper-tiny.en");
+    let dir = assets.join("models").join(name);
     assert!(
         dir.join("model.bin").exists(),
         "{} is missing: run `python3 scripts/fetch_assets.py`",
@@ -350,6 +354,75 @@ fn transcripts_equal_faster_whisper() {
         total_audio / total_compute,
         std::env::var("WHISPER_THREADS").ok()
     );
+}
+
+/// A multilingual checkpoint (openai/whisper-base): the language detected on the first
+/// window with its probability, the transcripts, and the translate task, against
+/// faster-whisper 1.2.1 (`testdata/audio/base_goldens.jsonl`, made by
+/// `scripts/make_whisper_base_goldens.py`).
+#[test]
+fn multilingual_base_detects_transcribes_and_translates_as_faster_whisper() {
+    let t = Transcriber::load(&asset_model("whisper-base"), TranscriberConfig::default())
+        .expect("whisper-base loads");
+    let info = t.info();
+    assert!(info.is_multilingual, "{info:?}");
+    assert_eq!(info.languages.len(), 99, "{info:?}");
+    let goldens = std::fs::read_to_string(testdata("base_goldens.jsonl")).expect("goldens");
+    let mut translated = 0;
+    for line in goldens.lines() {
+        let case: Value = serde_json::from_str(line).expect("json");
+        let what = format!("{} {}", case["clip"], case["task"]);
+        let task = match case["task"].as_str() {
+            Some("translate") => {
+                translated += 1;
+                SpeechTask::Translate
+            }
+            _ => SpeechTask::Transcribe,
+        };
+        let samples = read_wav(&testdata(case["clip"].as_str().expect("test data")));
+        let opts = TranscribeOptions {
+            task,
+            ..TranscribeOptions::default()
+        };
+        let got = t.transcribe(&samples, &opts).expect("transcribe");
+        assert_eq!(
+            got.language,
+            case["language"].as_str().expect("test data"),
+            "{what}"
+        );
+        let want_p = case["language_probability"].as_f64().expect("test data");
+        assert!(
+            (got.language_probability - want_p).abs() <= 1e-3 && want_p < 1.0,
+            "{what}: language probability {} vs {want_p}",
+            got.language_probability
+        );
+        assert_eq!(
+            normalize(&got.text),
+            normalize(case["text"].as_str().expect("test data")),
+            "{what}: text"
+        );
+        let want = case["segments"].as_array().expect("test data");
+        assert_eq!(got.segments.len(), want.len(), "{what}: segment count");
+        for (g, w) in got.segments.iter().zip(want) {
+            let what = format!("{what} segment {}", g.id);
+            assert_eq!(g.tokens, ids(&w["tokens"]), "{what}: tokens");
+            assert_eq!(
+                g.seek as u64,
+                w["seek"].as_u64().expect("test data"),
+                "{what}"
+            );
+            for (field, got, tol) in [
+                ("start", g.start, TIME_TOL),
+                ("end", g.end, TIME_TOL),
+                ("avg_logprob", g.avg_logprob, 1e-3),
+                ("no_speech_prob", g.no_speech_prob, 1e-3),
+            ] {
+                let want = w[field].as_f64().expect("test data");
+                assert!((got - want).abs() <= tol, "{what}: {field} {got} vs {want}");
+            }
+        }
+    }
+    assert_eq!(translated, 3, "the goldens cover the translate task");
 }
 
 /// Transcriptions on several threads at once share their decoding steps (one batched step

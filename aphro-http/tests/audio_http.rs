@@ -15,10 +15,14 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 fn whisper_dir() -> PathBuf {
+    asset_model("whisper-tiny.en")
+}
+
+fn asset_model(name: &str) -> PathBuf {
     let assets = std::env::var_os("APHRO_ASSETS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.assets"));
-    let dir = assets.join("models/whisper-tiny.en");
+    let dir = assets.join("models").join(name);
     assert!(
         dir.join("model.bin").exists(),
         "{} is missing: run `python3 scripts/fetch_assets.py`",
@@ -608,4 +612,69 @@ async fn concurrent_requests_each_get_their_own_transcript() {
     assert_eq!(text(b), reference_text("a01_hello_us"));
     assert_eq!(text(c), vorbis_alone);
     assert_ne!(vorbis_alone, reference_text("a10_yes"));
+}
+
+/// A multilingual model (whisper-base): without `language` the language is detected, and
+/// `/translations` runs Whisper's translate task; both equal faster-whisper's
+/// (`testdata/audio/base_goldens.jsonl`).
+#[tokio::test]
+async fn a_multilingual_model_detects_the_language_and_translates() {
+    let goldens = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/audio/base_goldens.jsonl"),
+    )
+    .expect("goldens");
+    let golden = |task: &str| -> Value {
+        goldens
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("json"))
+            .find(|c| c["clip"] == "clips/a02_meeting_gb.wav" && c["task"] == task)
+            .expect("golden")
+    };
+    let tokens = |v: &Value| -> Vec<Value> {
+        v["segments"]
+            .as_array()
+            .expect("segments")
+            .iter()
+            .map(|s| s["tokens"].clone())
+            .collect()
+    };
+    let app = Server::builder()
+        .model(asset_model("whisper-base").to_string_lossy())
+        .role(Role::Speech)
+        .speech_threads(2)
+        .build()
+        .expect("speech server")
+        .router();
+    let wav = clip("clips/a02_meeting_gb.wav");
+    let file: Part<'_> = ("file", Some("meeting.wav"), &wav);
+    let r = post(
+        app.clone(),
+        TRANSCRIBE,
+        &[file, ("response_format", None, b"verbose_json")],
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(v["language"], "en", "{v}");
+    assert_eq!(tokens(&v), tokens(&golden("transcribe")));
+    // The translate task's tokens differ from the transcript's on this clip.
+    assert_ne!(tokens(&golden("translate")), tokens(&golden("transcribe")));
+    let r = post(
+        app.clone(),
+        "/v1/audio/translations",
+        &[file, ("response_format", None, b"verbose_json")],
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(tokens(&v), tokens(&golden("translate")), "{v}");
+    assert_eq!(
+        normalized(v["text"].as_str().expect("text")),
+        normalized(golden("translate")["text"].as_str().expect("text"))
+    );
+    // A language the model has a token for is taken as given; one it has not is vLLM's 400.
+    let r = post(app.clone(), TRANSCRIBE, &[file, ("language", None, b"de")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = post(app, TRANSCRIBE, &[file, ("to_language", None, b"fr")]).await;
+    assert!(r
+        .error(StatusCode::BAD_REQUEST)
+        .contains("to_language 'fr' needs `language`"));
 }

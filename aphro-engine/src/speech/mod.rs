@@ -106,6 +106,10 @@ pub struct Transcription {
     /// The segment texts concatenated (each starts with its own space, as faster-whisper's).
     pub text: String,
     pub language: String,
+    /// The detected language's probability among the languages on the first window
+    /// (faster-whisper's `language_probability`); 1 when the language was given or the
+    /// model is English-only.
+    pub language_probability: f64,
     /// Seconds of audio.
     pub duration: f64,
     pub segments: Vec<Segment>,

@@ -452,7 +452,22 @@ impl Transcriber {
         let mut prompt_reset_since = 0usize;
         let mut segments: Vec<Segment> = Vec::new();
         let mut language = language;
+        // Known up front (asked for, or an English-only model): certain.
+        let mut language_probability = 1.0;
         let (mut prompt_tokens, mut completion_tokens) = (0usize, 0usize);
+        if language.is_none() {
+            // faster-whisper detects on the clip's first 3000 frames, its last frame
+            // included (the windows below stop one frame short), in an encoder pass of
+            // its own.
+            mel.window_into(0, N_FRAMES.min(mel.n_frames), &mut window);
+            let (lang, probability) = l.pool.install(|| {
+                let audio = model.encode(&window);
+                model.begin_window(&mut state, &audio);
+                self.detect_language(&mut state)
+            });
+            language = Some(lang);
+            language_probability = probability;
+        }
         while seek < content_frames {
             let time_offset = seek as f64 * TIME_PER_FRAME;
             let segment_size = N_FRAMES.min(content_frames - seek);
@@ -463,10 +478,7 @@ impl Transcriber {
             let lang = l.pool.install(|| {
                 let audio = model.encode(&window);
                 model.begin_window(&mut state, &audio);
-                match language {
-                    Some(l) => l,
-                    None => self.detect_language(&mut state),
-                }
+                language.unwrap_or("en")
             });
             let (prompt, result) = {
                 // The prompt: <|startofprev|> + the last 223 previous text tokens, then the
@@ -564,6 +576,7 @@ impl Transcriber {
         Ok(Transcription {
             text: segments.iter().map(|s| s.text.as_str()).collect(),
             language: language.unwrap_or("en").to_string(),
+            language_probability,
             duration: num_samples as f64 / SAMPLE_RATE as f64,
             segments,
             prompt_tokens,
@@ -573,16 +586,28 @@ impl Transcriber {
 
     /// The most likely language token after `<|startoftranscript|>` on the current window
     /// (CTranslate2's `detect_language`: the softmax restricted to the language tokens).
-    fn detect_language(&self, state: &mut super::model::DecoderState) -> &'static str {
+    /// Returns the language and its probability among the languages.
+    fn detect_language(&self, state: &mut super::model::DecoderState) -> (&'static str, f64) {
         let l = &self.loaded;
         let sp = &l.tokenizer.special;
         l.model.truncate(state, 0);
         l.model.decode(state, &[sp.sot]);
         l.model.logits(state, 0);
-        sp.languages
+        let logit = |id: u32| state.logits[id as usize] as f64;
+        let Some(&(best, best_id)) = sp
+            .languages
             .iter()
-            .max_by(|a, b| state.logits[a.1 as usize].total_cmp(&state.logits[b.1 as usize]))
-            .map_or("en", |&(c, _)| c)
+            .max_by(|a, b| logit(a.1).total_cmp(&logit(b.1)))
+        else {
+            return ("en", 1.0);
+        };
+        let top = logit(best_id);
+        let sum: f64 = sp
+            .languages
+            .iter()
+            .map(|&(_, id)| (logit(id) - top).exp())
+            .sum();
+        (best, 1.0 / sum)
     }
 }
 
