@@ -263,4 +263,5 @@ class Transcriber:
         repetition_penalty: float = 1.0,
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
+        task: str = "transcribe",
     ) -> Union[Dict[str, Any], str]: ...

@@ -2,7 +2,7 @@
 //! response bodies as `/v1/audio/transcriptions` (`aphro_engine::transcription`).
 use aphro_core::audio::format::ResponseFormat;
 use aphro_engine::speech::{
-    Penalties, TranscribeOptions, Transcriber, TranscriberConfig, Truncation,
+    Penalties, SpeechTask, TranscribeOptions, Transcriber, TranscriberConfig, Truncation,
 };
 use aphro_engine::transcription::{
     decode_upload, render, TranscriptionBody, TranscriptionError, UploadLimits,
@@ -50,9 +50,12 @@ impl PyTranscriber {
     ///
     /// `temperature` 0 decodes greedily; above 0 it samples (seeded by `seed`) through
     /// `top_p` / `top_k` / `min_p`. The penalties and `hotwords` act as on the HTTP route.
+    /// `task="translate"` runs Whisper's translate task (into English) on a multilingual
+    /// model, as `/v1/audio/translations` does.
     #[pyo3(signature = (audio, *, language=None, prompt=None, response_format="json",
         hotwords=None, temperature=0.0, seed=None, top_p=1.0, top_k=0, min_p=0.0,
-        repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0))]
+        repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+        task="transcribe"))]
     #[allow(clippy::too_many_arguments)]
     fn transcribe(
         &self,
@@ -70,10 +73,24 @@ impl PyTranscriber {
         repetition_penalty: f32,
         frequency_penalty: f32,
         presence_penalty: f32,
+        task: &str,
     ) -> PyResult<Py<PyAny>> {
         let format = ResponseFormat::parse(response_format).map_err(|m| {
             crate::errors::make(py, &m, 400, "BadRequestError", Some("response_format"))
         })?;
+        let task = match task {
+            "transcribe" => SpeechTask::Transcribe,
+            "translate" => SpeechTask::Translate,
+            other => {
+                return Err(crate::errors::make(
+                    py,
+                    &format!("task must be 'transcribe' or 'translate', got '{other}'"),
+                    400,
+                    "BadRequestError",
+                    Some("task"),
+                ))
+            }
+        };
         let (bytes, name): (Vec<u8>, Option<String>) = if let Ok(b) = audio.cast::<PyBytes>() {
             (b.as_bytes().to_vec(), None)
         } else {
@@ -87,6 +104,7 @@ impl PyTranscriber {
             )
         };
         let options = TranscribeOptions {
+            task,
             language,
             prompt,
             hotwords,

@@ -170,3 +170,20 @@ def test_transcriber_in_process():
     )["text"] == greedy
     with pytest.raises(aphro.BadRequestError, match="min_p must be in"):
         t.transcribe(data, temperature=1.0, min_p=2.0)
+
+
+def test_multilingual_model_detects_and_translates():
+    """whisper-base: the language detected as faster-whisper does, and the translate task's
+    tokens, against testdata/audio/base_goldens.jsonl."""
+    base = WHISPER.parent / "whisper-base"
+    if not (base / "model.bin").is_file():
+        pytest.fail(f"{base} missing: run scripts/fetch_assets.py")
+    goldens = [json.loads(l) for l in (AUDIO / "base_goldens.jsonl").read_text().splitlines()]
+    t = aphro.Transcriber(str(base), num_threads=2)
+    for task in ("transcribe", "translate"):
+        want = next(g for g in goldens if g["clip"] == "clips/a02_meeting_gb.wav" and g["task"] == task)
+        out = t.transcribe(str(AUDIO / want["clip"]), response_format="verbose_json", task=task)
+        assert out["language"] == want["language"]
+        assert [s["tokens"] for s in out["segments"]] == [s["tokens"] for s in want["segments"]], task
+    with pytest.raises(aphro.BadRequestError, match="task must be"):
+        t.transcribe(str(AUDIO / "a10_yes.wav"), task="summarize")
