@@ -88,9 +88,16 @@ for T in $THREADS; do
     echo "[$T threads] llama-bench prefill -p $PREFILL_LENS ..." >&2
     "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p "$PREFILL_LENS" -n 0 \
         -o json >"$OUT/llama-pp-$T.json" 2>/dev/null
-    echo "[$T threads] llama-bench decode -n 128 -d $DECODE_DEPTHS ..." >&2
-    "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p 0 -n 128 -d "$DECODE_DEPTHS" \
-        -o json >"$OUT/llama-tg-$T.json" 2>/dev/null
+    # One llama-bench run per depth: in one `-d 0,2048,8064` run the deepest point came back
+    # without a result.
+    for D in ${DECODE_DEPTHS//,/ }; do
+        echo "[$T threads] llama-bench decode -n 128 -d $D ..." >&2
+        "$BENCH" -m "$MODEL" -t "$T" -r "$REPS" -fa "$LLAMA_FA" -p 0 -n 128 -d "$D" \
+            -o json >"$OUT/llama-tg-$T-$D.json" 2>"$OUT/llama-tg-$T-$D.err" || {
+            echo "llama-bench -d $D failed:" >&2
+            cat "$OUT/llama-tg-$T-$D.err" >&2
+        }
+    done
     # Concurrency: the same shape as `aphro bench`'s aggregate (32-token prompts, 128 new
     # tokens each, 8/16/32 sequences decoded together; prefill counted in the wall time).
     echo "[$T threads] llama-batched-bench -npp 32 -ntg 128 -npl $CONCURRENCY ..." >&2
@@ -112,7 +119,12 @@ import json, os, sys
 out, kv, threads = sys.argv[1], sys.argv[2], sys.argv[3:]
 for t in threads:
     llama = json.load(open(os.path.join(out, f"llama-pp-{t}.json")))
-    llama += json.load(open(os.path.join(out, f"llama-tg-{t}.json")))
+    for name in sorted(os.listdir(out)):
+        if name.startswith(f"llama-tg-{t}-") and name.endswith(".json"):
+            try:
+                llama += json.load(open(os.path.join(out, name)))
+            except ValueError:
+                print(f"{name}: llama-bench wrote no result", file=sys.stderr)
     aphro = json.loads(open(os.path.join(out, f"aphro-{t}.json")).read().strip().splitlines()[-1])
     batched = [json.loads(l) for l in open(os.path.join(out, f"batched-{t}.jsonl")) if l.strip()]
     # Generated tokens over the whole run (prefill included), as `aphro bench` counts them.
@@ -127,7 +139,9 @@ for t in threads:
         rows.append((f"prefill {key or n} tokens", pp.get(key), p["tok_s"]))
     for d in aphro["decode"]:
         c = d["context"]
-        rows.append((f"decode 128, context {c}", tg.get(c), d["tok_s"]))
+        # aphro's deepest context is one short of llama.cpp's (the same room rule).
+        key = min(tg, key=lambda k: abs(k - c)) if tg else None
+        rows.append((f"decode 128, context {key if key is not None else c}", tg.get(key), d["tok_s"]))
     for c, v in aphro.get("aggregate_tok_s", {}).items():
         rows.append((f"aggregate, {c} concurrent", agg.get(c), v))
     print(f"\n{t} thread(s); aphro KV cache {kv}, llama.cpp KV cache f16")
@@ -151,6 +165,10 @@ for t in threads:
               f"median {s['itl_median_ms']:.1f} ms, max {s['itl_max_ms']:.1f} ms, "
               f"idle {s['idle_itl_ms']:.1f} ms ({s['itl_median_ms'] / max(s['idle_itl_ms'], 1e-9):.2f}x), "
               f"prefill {s['prefill_s']:.1f} s")
+        if s.get("context_matched_ratio"):
+            print(f"  the decode's context grew meanwhile; against its idle latency at the same "
+                  f"context: median {s['context_matched_ratio']:.2f}x, "
+                  f"mean {s['context_matched_mean_ratio']:.2f}x")
     a = aphro.get("abort")
     if a:
         print(f"abort during a {a['prompt_tokens']}-token prefill frees the engine after {a['delay_ms']:.0f} ms")

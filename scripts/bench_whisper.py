@@ -28,6 +28,23 @@ def aphro_rtf(binary, model, clips, threads, concurrency=1):
     return audio, audio / compute
 
 
+def fw_transcribe(m, samples):
+    """faster-whisper with the options of the fixture reference (greedy, timestamps)."""
+    return list(m.transcribe(samples, beam_size=1, temperature=0.0, vad_filter=False,
+                             condition_on_previous_text=True, without_timestamps=False)[0])
+
+
+def best_time(run):
+    """The fastest of RUNS timed calls after one warm-up call."""
+    run()
+    best = float("inf")
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def faster_whisper_rtf(model, clips, threads, compute_type):
     from faster_whisper import WhisperModel, decode_audio
 
@@ -35,17 +52,8 @@ def faster_whisper_rtf(model, clips, threads, compute_type):
     audio = compute = 0.0
     for clip in clips:
         samples = decode_audio(clip, 16000)
-        run = lambda: list(m.transcribe(samples, beam_size=1, temperature=0.0, vad_filter=False,
-                                        condition_on_previous_text=True,
-                                        without_timestamps=False)[0])
-        run()
-        best = float("inf")
-        for _ in range(RUNS):
-            t0 = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - t0)
+        compute += best_time(lambda: fw_transcribe(m, samples))
         audio += len(samples) / 16000
-        compute += best
     return audio / compute
 
 
@@ -62,18 +70,9 @@ def faster_whisper_concurrent_rtf(model, clips, workers, copies):
     with ThreadPoolExecutor(copies) as pool:
         for clip in clips:
             samples = decode_audio(clip, 16000)
-            one = lambda _: list(m.transcribe(samples, beam_size=1, temperature=0.0,
-                                              vad_filter=False, condition_on_previous_text=True,
-                                              without_timestamps=False)[0])
-            run = lambda: list(pool.map(one, range(copies)))
-            run()
-            best = float("inf")
-            for _ in range(RUNS):
-                t0 = time.perf_counter()
-                run()
-                best = min(best, time.perf_counter() - t0)
+            compute += best_time(
+                lambda: list(pool.map(lambda _: fw_transcribe(m, samples), range(copies))))
             audio += copies * len(samples) / 16000
-            compute += best
     return audio / compute
 
 
