@@ -384,6 +384,50 @@ fn gemma_gguf() -> PathBuf {
     p
 }
 
+/// The phi3 and granite fixtures converted as llama.cpp's `convert_hf_to_gguf.py` converts
+/// them (float32 GGUF, `scripts/make_arch_gguf.py`: phi3's fused `attn_qkv` / `ffn_up`,
+/// granite's permuted Q/K and `*_scale` metadata) meet the same HF goldens as the folders.
+#[test]
+fn phi3_and_granite_gguf_match_hf() {
+    for name in ["phi3", "granite"] {
+        let cfg = ModelLoadConfig {
+            model_path: testdata().join("gguf").join(format!("{name}.f32.gguf")),
+            ..load_cfg(name)
+        };
+        let mut r = load_flex_runner(&cfg).unwrap_or_else(|e| panic!("{name} GGUF loads: {e}"));
+        check_model_on(&mut r, name);
+    }
+}
+
+/// A Phi-3 GGUF that rotates only part of each head (Phi-4-mini's `partial_rotary_factor`)
+/// is refused by name rather than run with full rotation.
+#[test]
+fn a_partial_rotary_phi3_gguf_is_refused() {
+    let mut bytes = std::fs::read(testdata().join("gguf/phi3.f32.gguf")).expect("fixture");
+    let key = b"phi3.rope.dimension_count";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the key is in the fixture")
+        + key.len();
+    // The value's type tag (u32 = 4), then the value: 16 → 12 of 16 head dimensions.
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes());
+    assert_eq!(bytes[at + 4..at + 8], 16u32.to_le_bytes());
+    bytes[at + 4..at + 8].copy_from_slice(&12u32.to_le_bytes());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("phi3-partial.gguf");
+    std::fs::write(&path, bytes).expect("write");
+    let cfg = ModelLoadConfig {
+        model_path: path,
+        ..load_cfg("phi3")
+    };
+    let err = load_flex_runner(&cfg).err().expect("refused").to_string();
+    assert!(
+        err.contains("Phi-3 partial rotary embedding (12 of 16 head dimensions)"),
+        "{err}"
+    );
+}
+
 fn gemma_cases() -> Vec<Value> {
     jsonl(testdata().join("gguf/gemma3-270m-q4_k_m.jsonl"))
 }

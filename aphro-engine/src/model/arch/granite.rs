@@ -1,7 +1,8 @@
 //! `GraniteForCausalLM`: the Llama block with four multipliers: embeddings times
 //! `embedding_multiplier`, each residual branch times `residual_multiplier`, attention
 //! scale `attention_multiplier` (instead of `1/sqrt(head_dim)`), logits divided by
-//! `logits_scaling`.
+//! `logits_scaling`. GGUF (`granite`): the same four as `granite.embedding_scale`,
+//! `residual_scale`, `attention.scale` and `logit_scale`.
 
 use super::{hf_f64, same_names, Architecture};
 use crate::model::ModelError;
@@ -21,7 +22,20 @@ pub const ARCH: Architecture = Architecture {
         f.logits_divisor = need("logits_scaling")? as f32;
         Ok(())
     },
-    from_gguf: None,
+    from_gguf: Some(|g, cfg| {
+        // llama.cpp's `GraniteModel` names the multipliers `*_scale`.
+        let need = |k: &str| {
+            g.get_f64(&format!("granite.{k}"))
+                .map_err(|_| ModelError::Config(format!("the GGUF lacks granite.{k}")))
+        };
+        let f = &mut cfg.features;
+        f.embed_scale = Some(need("embedding_scale")? as f32);
+        f.residual_multiplier = need("residual_scale")? as f32;
+        f.attn_scale = Some(need("attention.scale")? as f32);
+        f.logits_divisor = need("logit_scale")? as f32;
+        Ok(())
+    }),
     gguf_tensor: same_names,
-    gguf_qk_permuted: false,
+    // A `LlamaModel` to llama.cpp's converter: Q/K rows permuted.
+    gguf_qk_permuted: true,
 };
