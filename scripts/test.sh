@@ -32,7 +32,7 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1
 fi
-cargo test -p aphro-engine --features wgpu --test paged_attention_wgpu --test pooling_wgpu --locked
+cargo test -p aphro-engine --features wgpu --test paged_attention_wgpu --test pooling_wgpu --test whisper_wgpu --locked
 # The architecture suites' wgpu tests only (their CPU tests ran in `cargo test` above); the
 # same build as the line before.
 cargo test -p aphro-engine --features wgpu --test arch_moe --test arch_parity --locked -- wgpu

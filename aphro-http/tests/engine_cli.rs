@@ -172,3 +172,41 @@ fn bench_json_shape() {
         "{v}"
     );
 }
+
+/// `aphro transcribe --device`: the CPU transcribes the fixture clip as faster-whisper does;
+/// a CUDA device on a build without CUDA, and an unknown device, are errors that say so.
+#[test]
+fn transcribe_runs_on_the_device_asked_for() {
+    let assets = std::env::var_os("APHRO_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.assets")));
+    let model = assets.join("models/whisper-tiny.en");
+    assert!(
+        model.join("model.bin").exists(),
+        "test asset {} is missing: run `python3 scripts/fetch_assets.py`",
+        model.display()
+    );
+    let model = model.to_string_lossy().into_owned();
+    let clip = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/audio/a10_yes.wav");
+    let (ok, out, err) = aphro(
+        &["transcribe", "--device", "cpu", "--model", &model, clip],
+        "",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "Yes.");
+    let (ok, _, err) = aphro(
+        &["transcribe", "--device", "cuda:0", "--model", &model, clip],
+        "",
+    );
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    assert!(!ok);
+    assert!(err.contains("CUDA"), "{err}");
+    let (ok, _, err) = aphro(
+        &["transcribe", "--device", "tpu", "--model", &model, clip],
+        "",
+    );
+    assert!(!ok);
+    assert!(err.contains("unknown device"), "{err}");
+}

@@ -30,16 +30,27 @@ pub struct PyTranscriber {
 #[pymethods]
 impl PyTranscriber {
     /// Loads the Whisper folder `model_dir`; `num_threads` = the threads the model computes
-    /// on (default: every core).
+    /// on (default: every core); `device`: "auto" (CUDA when built in and usable), "cpu",
+    /// "cuda" or "cuda:N".
     #[new]
-    #[pyo3(signature = (model_dir, num_threads=None))]
+    #[pyo3(signature = (model_dir, num_threads=None, device="auto"))]
     fn new(
         py: Python<'_>,
         model_dir: std::path::PathBuf,
         num_threads: Option<usize>,
+        device: &str,
     ) -> PyResult<Self> {
+        let device = device
+            .parse()
+            .map_err(|e: aphro_engine::backend::DeviceError| {
+                pyo3::exceptions::PyValueError::new_err(e.to_string())
+            })?;
+        let config = TranscriberConfig {
+            num_threads,
+            device,
+        };
         let inner = py
-            .detach(|| Transcriber::load(Path::new(&model_dir), TranscriberConfig { num_threads }))
+            .detach(|| Transcriber::load(Path::new(&model_dir), config))
             .map_err(|e| error(py, &TranscriptionError::from(e)))?;
         Ok(PyTranscriber { inner })
     }

@@ -145,7 +145,9 @@ def test_decoding_options_over_http(client):
 def test_transcriber_in_process():
     if not (WHISPER / "model.bin").is_file():
         pytest.fail(f"{WHISPER} missing: run scripts/fetch_assets.py")
-    t = aphro.Transcriber(str(WHISPER), num_threads=2)
+    with pytest.raises(ValueError, match="unknown device"):
+        aphro.Transcriber(str(WHISPER), device="tpu")
+    t = aphro.Transcriber(str(WHISPER), num_threads=2, device="cpu")
     out = t.transcribe(str(AUDIO / "a10_yes.wav"))
     assert _norm(out["text"]) == _reference("a10_yes")
     assert out["usage"] == {"type": "duration", "seconds": 2}

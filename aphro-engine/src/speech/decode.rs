@@ -10,7 +10,7 @@ use rand_chacha::rand_core::RngCore;
 use rand_chacha::ChaCha8Rng;
 
 use super::batch::StepBatcher;
-use super::model::{DecoderState, WhisperModel};
+use super::model::{DecoderState, WhisperNetwork};
 use super::tokens::SpecialTokens;
 use crate::sampler::{apply_penalties, draw, unit_interval, Penalties, Truncation};
 
@@ -52,7 +52,7 @@ pub(crate) struct WindowResult {
 /// Decode after `prompt` (which contains `<|startoftranscript|>` at `sot_index`). The state
 /// must hold this window's cross-attention keys/values ([`WhisperModel::begin_window`]).
 pub(crate) fn decode_window(
-    model: &WhisperModel,
+    model: &dyn WhisperNetwork,
     state: &mut DecoderState,
     prompt: &[u32],
     sot_index: usize,
@@ -75,12 +75,14 @@ pub(crate) fn decode_window(
     let mut tokens: Vec<u32> = Vec::with_capacity(rules.max_new_tokens);
     let mut scratch = PickScratch::default();
     let mut sum_logprob = 0f64;
-    let _member = stepper.batcher.map(StepBatcher::join);
+    // Only the host network's steps are batched across transcriptions.
+    let batched = stepper.batcher.zip(model.host());
+    let _member = batched.map(|(b, _)| b.join());
     for step in 0..rules.max_new_tokens {
         if step > 0 {
             let token = tokens[tokens.len() - 1];
-            match stepper.batcher {
-                Some(b) => b.step(model, stepper.pool, state, token),
+            match batched {
+                Some((b, host)) => b.step(host, stepper.pool, state, token),
                 None => stepper.pool.install(|| {
                     model.decode(state, &[token]);
                     model.logits(state, 0);

@@ -1,11 +1,13 @@
-//! Speech to text: Whisper on the CPU, decoding as faster-whisper 1.2.1 / openai-whisper do
+//! Speech to text: Whisper on the CPU or a burn backend, decoding as faster-whisper 1.2.1 / openai-whisper do
 //! (sequential 30 s windows, timestamp rules, conditioning on the previous text).
 //!
 //! [`Transcriber`] is the library API the server, the CLI and the Python bindings share.
 //!
 //! * [`ct2`]: a bounds-checked reader of CTranslate2's `model.bin`.
 //! * [`mel`]: openai-whisper's log-mel front end.
-//! * `model`: the encoder and decoder on the CPU (gemm on host slices, own rayon pool).
+//! * `model`: the encoder and decoder on the CPU (gemm on host slices, own rayon pool),
+//!   and the [`model::WhisperNetwork`] trait decoding runs on.
+//! * `burn_model`: the same network on any burn backend (CubeCL GPUs, or `burn-flex`).
 //! * `decode`: one window's decoding with CTranslate2's Whisper rules (suppression,
 //!   timestamp rules, no-speech probability, greedy or seeded sampling).
 //! * `transcribe`: faster-whisper's sequential windows, segments and seeking.
@@ -13,9 +15,11 @@
 
 use std::path::Path;
 
+use crate::backend::{Device, DeviceError};
 use crate::model::ModelError;
 
 mod batch;
+mod burn_model;
 pub mod ct2;
 mod decode;
 pub mod mel;
@@ -33,6 +37,9 @@ pub use tokens::{VLLM_SUPPORTED_LANGUAGES, WHISPER_LANGUAGES};
 pub struct TranscriberConfig {
     /// Threads of the transcriber's own compute pool; `None`: one per core.
     pub num_threads: Option<usize>,
+    /// Where the network runs ([`Transcriber::load`]): `cpu` is the host network, `cuda:N`
+    /// the burn network on burn-cuda; `auto` is CUDA when compiled in and usable.
+    pub device: Device,
 }
 
 /// `/v1/audio/transcriptions` (same language out) or `/v1/audio/translations` (to English).
@@ -157,6 +164,9 @@ pub enum SpeechError {
     InvalidRequest(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The device asked for is not usable.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
 }
 
 impl SpeechError {
@@ -191,9 +201,41 @@ pub struct Transcriber {
 }
 
 impl Transcriber {
+    /// Load a CTranslate2 Whisper folder on `config.device`.
     pub fn load(model_dir: &Path, config: TranscriberConfig) -> Result<Self, SpeechError> {
+        let network = match crate::backend::resolve(config.device)? {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => {
+                use crate::backend::cuda::{device, CudaBackend};
+                let dev = device(i);
+                return Ok(Self {
+                    loaded: transcribe::load(
+                        model_dir,
+                        &config,
+                        transcribe::burn_network::<CudaBackend>(&dev),
+                    )?,
+                });
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => return Err(DeviceError::CudaNotCompiled.into()),
+            Device::Cpu | Device::Auto => transcribe::host_network(),
+        };
         Ok(Self {
-            loaded: transcribe::load(model_dir, &config)?,
+            loaded: transcribe::load(model_dir, &config, network)?,
+        })
+    }
+
+    /// Load with the network on burn backend `B` (`config.device` is not consulted). On
+    /// `burn_flex::Flex` it computes what the host network does, slower; on a CubeCL
+    /// backend (burn-cuda, burn-wgpu) it runs on the GPU. Decoding steps of concurrent
+    /// transcriptions are batched on the host network only.
+    pub fn load_on<B: burn::tensor::backend::Backend>(
+        model_dir: &Path,
+        config: TranscriberConfig,
+        device: &B::Device,
+    ) -> Result<Self, SpeechError> {
+        Ok(Self {
+            loaded: transcribe::load(model_dir, &config, transcribe::burn_network::<B>(device))?,
         })
     }
 
@@ -217,7 +259,7 @@ impl Transcriber {
 
     /// The model's shape.
     pub fn dims(&self) -> WhisperDims {
-        self.loaded.model.dims
+        self.loaded.model.dims()
     }
 
     /// How the decoding steps of concurrent [`Transcriber::transcribe`] calls were batched

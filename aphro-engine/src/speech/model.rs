@@ -32,6 +32,64 @@ pub struct WhisperDims {
     pub ffn: usize,
 }
 
+impl WhisperDims {
+    /// The shape of CTranslate2's Whisper variables (`WhisperSpec`, revision ≤ 3), checked
+    /// for consistency.
+    pub(crate) fn from_ct2(src: &dyn Ct2Names) -> Result<Self, SpeechError> {
+        let (conv1_shape, _) = need(src, "encoder/conv1/weight")?;
+        let [d, n_mels, 3] = conv1_shape[..] else {
+            return Err(SpeechError::Weights(format!(
+                "encoder/conv1/weight has shape {conv1_shape:?}, expected [d_model, n_mels, 3]"
+            )));
+        };
+        let (emb_shape, _) = need(src, "decoder/embeddings/weight")?;
+        let [n_vocab, d_emb] = emb_shape[..] else {
+            return Err(SpeechError::Weights(format!(
+                "decoder/embeddings/weight has shape {emb_shape:?}"
+            )));
+        };
+        let (enc_pos_shape, _) = need(src, "encoder/position_encodings/encodings")?;
+        let (dec_pos_shape, _) = need(src, "decoder/position_encodings/encodings")?;
+        if d_emb != d || enc_pos_shape.get(1) != Some(&d) || dec_pos_shape.get(1) != Some(&d) {
+            return Err(SpeechError::Weights(format!(
+                "inconsistent model widths: conv1 {d}, embeddings {d_emb}, positions {enc_pos_shape:?} / {dec_pos_shape:?}"
+            )));
+        }
+        let heads = |name: &str| -> Result<usize, SpeechError> {
+            match src.scalar(name)? {
+                Some(h) if h > 0 && d % h as usize == 0 => Ok(h as usize),
+                Some(h) => Err(SpeechError::Weights(format!(
+                    "{name} = {h} does not divide the width {d}"
+                ))),
+                None => Err(SpeechError::Weights(format!("the checkpoint lacks {name}"))),
+            }
+        };
+        let ffn = need(src, "encoder/layer_0/ffn/linear_0/weight")?
+            .0
+            .first()
+            .copied()
+            .ok_or_else(|| {
+                SpeechError::Weights("encoder/layer_0/ffn/linear_0/weight is a scalar".into())
+            })?;
+        let dims = WhisperDims {
+            n_mels,
+            d_model: d,
+            n_audio_ctx: enc_pos_shape[0],
+            n_text_ctx: dec_pos_shape[0],
+            encoder_heads: heads("encoder/num_heads")?,
+            decoder_heads: heads("decoder/num_heads")?,
+            encoder_layers: count_layers(src, "encoder")?,
+            decoder_layers: count_layers(src, "decoder")?,
+            n_vocab,
+            ffn,
+        };
+        if dims.encoder_layers == 0 || dims.decoder_layers == 0 {
+            return Err(SpeechError::Weights("the checkpoint has no layers".into()));
+        }
+        Ok(dims)
+    }
+}
+
 /// A named tensor source with CTranslate2's Whisper names (`encoder/layer_0/...`).
 pub(crate) trait Ct2Names {
     /// The tensor as f32, `None` if absent.
@@ -54,12 +112,16 @@ impl Ct2Names for Ct2Model {
     }
 }
 
-fn need(src: &dyn Ct2Names, name: &str) -> Result<(Vec<usize>, Vec<f32>), SpeechError> {
+pub(super) fn need(src: &dyn Ct2Names, name: &str) -> Result<(Vec<usize>, Vec<f32>), SpeechError> {
     src.tensor(name)?
         .ok_or_else(|| SpeechError::Weights(format!("the checkpoint lacks {name}")))
 }
 
-fn need_shape(src: &dyn Ct2Names, name: &str, shape: &[usize]) -> Result<Vec<f32>, SpeechError> {
+pub(super) fn need_shape(
+    src: &dyn Ct2Names,
+    name: &str,
+    shape: &[usize],
+) -> Result<Vec<f32>, SpeechError> {
     let (got, data) = need(src, name)?;
     if got != shape {
         return Err(SpeechError::Weights(format!(
@@ -123,6 +185,59 @@ struct DecoderLayer {
     fc2: Dense,
 }
 
+/// What decoding runs on: the encoder, and a decoder whose caches live in a
+/// [`DecoderState`]. [`WhisperModel`] computes on host slices; [`super::burn_model`] on any
+/// burn backend. Callers keep a state with the network that made it.
+pub(crate) trait WhisperNetwork: Send + Sync {
+    fn dims(&self) -> WhisperDims;
+    /// The encoder output `[n_audio_ctx, d]` of one window `mel: [n_mels, 2·n_audio_ctx]`.
+    fn encode(&self, mel: &[f32]) -> Vec<f32>;
+    fn new_state(&self) -> DecoderState;
+    /// Start a window: the cross-attention keys and values of `audio` (the encoder output),
+    /// and an empty self-attention cache.
+    fn begin_window(&self, state: &mut DecoderState, audio: &[f32]);
+    /// Drop cached positions past `len`.
+    fn truncate(&self, state: &mut DecoderState, len: usize);
+    /// Run `tokens` through the decoder at positions `state.len..`, appending them to the
+    /// cache. Callers keep `state.len + tokens.len()` within `n_text_ctx` and the ids below
+    /// `n_vocab`.
+    fn decode(&self, state: &mut DecoderState, tokens: &[u32]);
+    /// The logits of row `row` of the last [`WhisperNetwork::decode`], into `state.logits`.
+    fn logits(&self, state: &mut DecoderState, row: usize);
+    /// The host network, whose single-token steps [`super::batch::StepBatcher`] can batch
+    /// across transcriptions.
+    fn host(&self) -> Option<&WhisperModel> {
+        None
+    }
+}
+
+impl WhisperNetwork for WhisperModel {
+    fn dims(&self) -> WhisperDims {
+        self.dims
+    }
+    fn encode(&self, mel: &[f32]) -> Vec<f32> {
+        WhisperModel::encode(self, mel)
+    }
+    fn new_state(&self) -> DecoderState {
+        WhisperModel::new_state(self)
+    }
+    fn begin_window(&self, state: &mut DecoderState, audio: &[f32]) {
+        WhisperModel::begin_window(self, state, audio)
+    }
+    fn truncate(&self, state: &mut DecoderState, len: usize) {
+        WhisperModel::truncate(self, state, len)
+    }
+    fn decode(&self, state: &mut DecoderState, tokens: &[u32]) {
+        WhisperModel::decode(self, state, tokens)
+    }
+    fn logits(&self, state: &mut DecoderState, row: usize) {
+        WhisperModel::logits(self, state, row)
+    }
+    fn host(&self) -> Option<&WhisperModel> {
+        Some(self)
+    }
+}
+
 pub(crate) struct WhisperModel {
     pub dims: WhisperDims,
     conv1: Dense,
@@ -151,56 +266,17 @@ fn count_layers(src: &dyn Ct2Names, prefix: &str) -> Result<usize, SpeechError> 
 impl WhisperModel {
     /// Build from CTranslate2's Whisper variables (`WhisperSpec`, revision ≤ 3).
     pub fn from_ct2(src: &dyn Ct2Names) -> Result<Self, SpeechError> {
-        let (conv1_shape, conv1_w) = need(src, "encoder/conv1/weight")?;
-        let [d, n_mels, 3] = conv1_shape[..] else {
-            return Err(SpeechError::Weights(format!(
-                "encoder/conv1/weight has shape {conv1_shape:?}, expected [d_model, n_mels, 3]"
-            )));
-        };
-        let (emb_shape, emb) = need(src, "decoder/embeddings/weight")?;
-        let [n_vocab, d_emb] = emb_shape[..] else {
-            return Err(SpeechError::Weights(format!(
-                "decoder/embeddings/weight has shape {emb_shape:?}"
-            )));
-        };
-        let (enc_pos_shape, enc_pos) = need(src, "encoder/position_encodings/encodings")?;
-        let (dec_pos_shape, dec_pos) = need(src, "decoder/position_encodings/encodings")?;
-        if d_emb != d || enc_pos_shape.get(1) != Some(&d) || dec_pos_shape.get(1) != Some(&d) {
-            return Err(SpeechError::Weights(format!(
-                "inconsistent model widths: conv1 {d}, embeddings {d_emb}, positions {enc_pos_shape:?} / {dec_pos_shape:?}"
-            )));
-        }
-        let heads = |name: &str| -> Result<usize, SpeechError> {
-            match src.scalar(name)? {
-                Some(h) if h > 0 && d % h as usize == 0 => Ok(h as usize),
-                Some(h) => Err(SpeechError::Weights(format!(
-                    "{name} = {h} does not divide the width {d}"
-                ))),
-                None => Err(SpeechError::Weights(format!("the checkpoint lacks {name}"))),
-            }
-        };
-        let ffn = need(src, "encoder/layer_0/ffn/linear_0/weight")?
-            .0
-            .first()
-            .copied()
-            .ok_or_else(|| {
-                SpeechError::Weights("encoder/layer_0/ffn/linear_0/weight is a scalar".into())
-            })?;
-        let dims = WhisperDims {
-            n_mels,
+        let dims = WhisperDims::from_ct2(src)?;
+        let WhisperDims {
             d_model: d,
-            n_audio_ctx: enc_pos_shape[0],
-            n_text_ctx: dec_pos_shape[0],
-            encoder_heads: heads("encoder/num_heads")?,
-            decoder_heads: heads("decoder/num_heads")?,
-            encoder_layers: count_layers(src, "encoder")?,
-            decoder_layers: count_layers(src, "decoder")?,
-            n_vocab,
+            n_mels,
             ffn,
-        };
-        if dims.encoder_layers == 0 || dims.decoder_layers == 0 {
-            return Err(SpeechError::Weights("the checkpoint has no layers".into()));
-        }
+            ..
+        } = dims;
+        let conv1_w = need(src, "encoder/conv1/weight")?.1;
+        let (emb_shape, emb) = need(src, "decoder/embeddings/weight")?;
+        let enc_pos = need(src, "encoder/position_encodings/encodings")?.1;
+        let dec_pos = need(src, "decoder/position_encodings/encodings")?.1;
         let conv2_w = need_shape(src, "encoder/conv2/weight", &[d, d, 3])?;
         let conv = |w: Vec<f32>, inp: usize, name: &str| -> Result<Dense, SpeechError> {
             Ok(Dense {
@@ -362,6 +438,7 @@ impl WhisperModel {
             inner: Vec::with_capacity(n_text_ctx * ffn),
             scores: Vec::with_capacity(n_audio_ctx.max(n_text_ctx) * n_text_ctx),
             logits: vec![0.0; n_vocab],
+            device: None,
         }
     }
 
@@ -674,8 +751,22 @@ pub(crate) struct DecoderState {
     ctx: Vec<f32>,
     inner: Vec<f32>,
     scores: Vec<f32>,
-    /// Logits of the last [`WhisperModel::logits`] call.
+    /// Logits of the last [`WhisperNetwork::logits`] call.
     pub logits: Vec<f32>,
+    /// A device network's own caches ([`super::burn_model`]); the host buffers above then
+    /// stay empty.
+    pub(super) device: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl DecoderState {
+    /// The state of a device network: its caches in `device`, no host buffers.
+    pub(super) fn on_device(n_vocab: usize, device: Box<dyn std::any::Any + Send>) -> Self {
+        Self {
+            logits: vec![0.0; n_vocab],
+            device: Some(device),
+            ..Self::default()
+        }
+    }
 }
 
 /// Per-row buffers of [`WhisperModel::step_batch`], kept by the batcher across steps.

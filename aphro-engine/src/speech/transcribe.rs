@@ -10,10 +10,11 @@ use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::batch::StepBatcher;
+use super::burn_model::BurnWhisper;
 use super::ct2::Ct2Model;
 use super::decode::{decode_window, DecodeRules, Stepper, WindowResult};
 use super::mel::{LogMel, MelFrontEnd, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE};
-use super::model::WhisperModel;
+use super::model::{WhisperModel, WhisperNetwork};
 use super::tokens::{unsupported_language, WhisperTokenizer, WHISPER_LANGUAGES};
 use crate::sampler::{Penalties, Truncation};
 use aphro_core::protocol::{verify_sampling_args, SamplingArgs};
@@ -42,7 +43,7 @@ const TIME_PER_FRAME: f64 = HOP_LENGTH as f64 / SAMPLE_RATE as f64;
 
 /// What [`Transcriber::load`] reads from the folder.
 pub(super) struct Loaded {
-    pub model: WhisperModel,
+    pub model: Box<dyn WhisperNetwork>,
     pub tokenizer: WhisperTokenizer,
     pub front_end: MelFrontEnd,
     pub suppress: Vec<u32>,
@@ -70,7 +71,27 @@ fn config_ids(cfg: &serde_json::Value, key: &str) -> Result<Option<Vec<u32>>, Sp
     Ok(Some(ids))
 }
 
-pub(super) fn load(model_dir: &Path, config: &TranscriberConfig) -> Result<Loaded, SpeechError> {
+/// Which network a folder's weights become.
+pub(super) type BuildNetwork<'a> =
+    Box<dyn FnOnce(&Ct2Model) -> Result<Box<dyn WhisperNetwork>, SpeechError> + 'a>;
+
+/// The host network ([`WhisperModel`]).
+pub(super) fn host_network<'a>() -> BuildNetwork<'a> {
+    Box::new(|ct2| Ok(Box::new(WhisperModel::from_ct2(ct2)?)))
+}
+
+/// The burn network on `device` of backend `B`.
+pub(super) fn burn_network<B: burn::tensor::backend::Backend>(
+    device: &B::Device,
+) -> BuildNetwork<'_> {
+    Box::new(move |ct2| Ok(Box::new(BurnWhisper::<B>::from_ct2(ct2, device)?)))
+}
+
+pub(super) fn load(
+    model_dir: &Path,
+    config: &TranscriberConfig,
+    network: BuildNetwork<'_>,
+) -> Result<Loaded, SpeechError> {
     let cfg_path = model_dir.join("config.json");
     let cfg_text = std::fs::read_to_string(&cfg_path)
         .map_err(|e| SpeechError::Config(format!("{}: {e}", cfg_path.display())))?;
@@ -91,9 +112,9 @@ pub(super) fn load(model_dir: &Path, config: &TranscriberConfig) -> Result<Loade
             ct2.spec
         )));
     }
-    let model = WhisperModel::from_ct2(&ct2)?;
+    let model = network(&ct2)?;
     drop(ct2);
-    let dims = model.dims;
+    let dims = model.dims();
     // CTranslate2's rule: a multilingual Whisper has 51865 or more outputs.
     let is_multilingual = dims.n_vocab >= 51865;
     let tokenizer = WhisperTokenizer::load(
@@ -317,7 +338,7 @@ impl Transcriber {
     ) -> Result<Vec<Vec<u32>>, SpeechError> {
         let l = &self.loaded;
         let sp = &l.tokenizer.special;
-        let n_text_ctx = l.model.dims.n_text_ctx;
+        let n_text_ctx = l.model.dims().n_text_ctx;
         if samples.len() > N_SAMPLES {
             return Err(SpeechError::InvalidRequest(format!(
                 "generate takes at most 30 s of audio, got {} samples",
@@ -384,7 +405,7 @@ impl Transcriber {
                         batcher: None,
                     };
                     decode_window(
-                        &l.model, &mut state, &r.prompt, sot_index, &rules, &mut rng, &stepper,
+                        &*l.model, &mut state, &r.prompt, sot_index, &rules, &mut rng, &stepper,
                     )
                     .tokens
                 })
@@ -441,9 +462,9 @@ impl Transcriber {
             hotwords,
         } = context;
         let l = &self.loaded;
-        let model = &l.model;
+        let model = &*l.model;
         let sp = &l.tokenizer.special;
-        let n_text_ctx = model.dims.n_text_ctx;
+        let n_text_ctx = model.dims().n_text_ctx;
         let content_frames = mel.n_frames.saturating_sub(1);
         let mut state = model.new_state();
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed.unwrap_or(0));

@@ -30,6 +30,10 @@ pub struct Args {
     /// Threads the model computes on (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where the model runs: `auto` (CUDA when built in and usable, else the CPU), `cpu`,
+    /// `cuda` or `cuda:N`.
+    #[arg(long, default_value = "auto")]
+    pub device: aphro_engine::backend::Device,
     /// Benchmark: after one warm-up run, time N more and print the fastest compute time and
     /// the real-time factor (audio seconds per compute second) as JSON on stderr.
     #[arg(long, value_name = "N")]
@@ -48,6 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &dir,
         TranscriberConfig {
             num_threads: args.threads,
+            device: args.device,
         },
     )
     .with_context(|| format!("loading speech model `{}`", args.model))?;

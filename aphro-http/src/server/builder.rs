@@ -432,10 +432,19 @@ impl ServerBuilder {
             Role::Speech => {
                 use aphro_engine::speech::{Transcriber, TranscriberConfig};
                 let dir = aphro_engine::model::resolve_model_path(std::path::Path::new(&spec))?;
+                // One Whisper network per server: `--device` names one device here.
+                let device = match self.engine.device.as_slice() {
+                    [d] => *d,
+                    list => anyhow::bail!(
+                        "a speech model runs on one device; --device names {}",
+                        list.len()
+                    ),
+                };
                 let transcriber = Transcriber::load(
                     &dir,
                     TranscriberConfig {
                         num_threads: self.speech_threads,
+                        device,
                     },
                 )
                 .with_context(|| format!("loading speech model `{spec}`"))?;
