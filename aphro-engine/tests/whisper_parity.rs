@@ -215,8 +215,9 @@ fn transcripts_equal_faster_whisper() {
 }
 
 /// The burn network (`Transcriber::load_on`, the code the CubeCL GPUs run) on burn's CPU
-/// backend: every clip equal to faster-whisper's reference, as the host network is.
-/// `whisper_wgpu.rs` runs the same network on a Vulkan device.
+/// backend: every clip equal to faster-whisper's reference, as the host network is, with
+/// three transcriptions at once sharing their decoding steps. `whisper_wgpu.rs` runs the
+/// same network on a Vulkan device.
 #[test]
 fn burn_network_transcripts_equal_faster_whisper() {
     let t = Transcriber::load_on::<burn_flex::Flex>(
@@ -225,16 +226,7 @@ fn burn_network_transcripts_equal_faster_whisper() {
         &Default::default(),
     )
     .expect("tiny.en loads on burn-flex");
-    for case in wav_cases() {
-        let id = case["id"].as_str().expect("test data");
-        let samples = read_wav(&testdata(case["file"].as_str().expect("test data")));
-        let got = t
-            .transcribe(&samples, &TranscribeOptions::default())
-            .expect("transcribe");
-        check_reference(id, &got, &case["reference"]);
-    }
-    // Nothing of the burn network's decoding goes through the host network's batcher.
-    assert_eq!(t.batch_stats().steps, 0);
+    transcribe_all_concurrently(&t, 3);
 }
 
 /// A multilingual checkpoint (openai/whisper-base): the language detected on the first
@@ -312,11 +304,16 @@ fn multilingual_base_detects_transcribes_and_translates_as_faster_whisper() {
 fn concurrent_transcriptions_batch_their_steps_and_equal_faster_whisper() {
     // Its own model, so the batch counters see only these calls.
     let t = Transcriber::load(&model_dir(), TranscriberConfig::default()).expect("tiny.en loads");
+    transcribe_all_concurrently(&t, 3);
+}
+
+/// Every clip on `workers` threads at once, each equal to faster-whisper's reference; the
+/// steps must have been shared.
+fn transcribe_all_concurrently(t: &Transcriber, workers: usize) {
     let cases = wav_cases();
     let next = std::sync::atomic::AtomicUsize::new(0);
-    const WORKERS: usize = 3;
     std::thread::scope(|scope| {
-        for _ in 0..WORKERS {
+        for _ in 0..workers {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
@@ -333,9 +330,9 @@ fn concurrent_transcriptions_batch_their_steps_and_equal_faster_whisper() {
     eprintln!("{stats:?}");
     assert!(
         stats.largest >= 2 && stats.tokens > stats.steps,
-        "three transcriptions at once never shared a step: {stats:?}"
+        "{workers} transcriptions at once never shared a step: {stats:?}"
     );
-    assert!(stats.largest <= WORKERS, "{stats:?}");
+    assert!(stats.largest <= workers, "{stats:?}");
 }
 
 /// `hotwords`, `repetition_penalty` and an initial prompt with hotwords against faster-whisper

@@ -1,7 +1,7 @@
 //! Whisper on the CubeCL path (burn-wgpu; in CI on Mesa's lavapipe, a CPU Vulkan driver):
 //! tiny.en loaded with `Transcriber::load_on::<WgpuBackend>`, the encoder, the decoder's
 //! device-side caches and the logits computed by CubeCL kernels, the timestamp rules and
-//! segmenting on the host. Clips chosen to cover speech, silence and two 30 s windows
+//! segmenting on the host; two transcriptions at once share batched steps. Clips chosen to cover speech, silence and two 30 s windows
 //! (seeking by the last timestamp) must equal faster-whisper's references, as on the CPU.
 //!
 //! Without a Vulkan adapter the test prints why and passes, except under `CI=true`, where a
@@ -34,18 +34,32 @@ fn tiny_en_on_wgpu_equals_faster_whisper() {
         .filter(|c| wanted.contains(&c["id"].as_str().expect("test data")))
         .collect();
     assert_eq!(cases.len(), wanted.len(), "fixture clips");
-    for case in cases {
-        let id = case["id"].as_str().expect("test data");
-        let samples = read_wav(&testdata(case["file"].as_str().expect("test data")));
-        let started = std::time::Instant::now();
-        let got = t
-            .transcribe(&samples, &TranscribeOptions::default())
-            .expect("transcribe");
-        eprintln!(
-            "{id}: {:.2} s of audio in {:.2?}",
-            got.duration,
-            started.elapsed()
-        );
-        check_reference(id, &got, &case["reference"]);
-    }
+    // Two at a time, so batched steps (`step_batch`) run on the device too.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let id = case["id"].as_str().expect("test data");
+                let samples = read_wav(&testdata(case["file"].as_str().expect("test data")));
+                let started = std::time::Instant::now();
+                let got = t
+                    .transcribe(&samples, &TranscribeOptions::default())
+                    .expect("transcribe");
+                eprintln!(
+                    "{id}: {:.2} s of audio in {:.2?}",
+                    got.duration,
+                    started.elapsed()
+                );
+                check_reference(id, &got, &case["reference"]);
+            });
+        }
+    });
+    let stats = t.batch_stats();
+    eprintln!("{stats:?}");
+    assert!(
+        stats.largest == 2 && stats.tokens > stats.steps,
+        "{stats:?}"
+    );
 }

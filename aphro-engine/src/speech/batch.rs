@@ -3,8 +3,8 @@
 //! Decoding one Whisper token reads every decoder weight and the whole vocabulary
 //! projection for one row of arithmetic, so a step is bound by memory traffic. When several
 //! requests are inside a window's token loop at once, [`StepBatcher::step`] gathers their
-//! next tokens and runs them as one [`WhisperModel::step_batch`]: each weight is read once
-//! for all of them.
+//! next tokens and runs them as one [`WhisperNetwork::step_batch`]: each weight is read
+//! once for all of them (on the host network or a burn backend alike).
 //!
 //! There is no scheduler thread. Each request thread submits its state and token; the first
 //! submitter finding no step in progress leads: it waits (at most [`GATHER_WAIT`]) until
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::model::{BatchScratch, DecoderState, WhisperModel};
+use super::model::{BatchScratch, DecoderState, WhisperNetwork};
 
 /// How long a leader waits for the other decoding transcriptions to submit their tokens
 /// (they are picking their previous token: well under a millisecond).
@@ -102,7 +102,7 @@ impl StepBatcher {
     /// other transcriptions' steps. The caller must hold a [`Decoding`] from [`Self::join`].
     pub fn step(
         &self,
-        model: &WhisperModel,
+        model: &dyn WhisperNetwork,
         pool: &rayon::ThreadPool,
         state: &mut DecoderState,
         token: u32,

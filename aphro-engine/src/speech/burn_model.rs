@@ -7,6 +7,9 @@
 //!   no backend needs a convolution kernel.
 //! * Attention is per head in `[heads, positions, head_dim]` batches; a multi-token decode
 //!   (the prompt) adds a causal bias.
+//! * Concurrent transcriptions' steps run together ([`WhisperNetwork::step_batch`]): the
+//!   projections, the feed-forward and the vocabulary projection over all rows at once,
+//!   attention per sequence.
 //! * The decoder's caches stay on the device: self-attention keys/values grow by
 //!   concatenation, cross-attention keys/values are computed once per window. Only the
 //!   encoder output (for the next window's cross keys/values) and each step's logits cross
@@ -16,7 +19,9 @@ use burn::tensor::activation::{gelu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::model::{need, need_shape, Ct2Names, DecoderState, WhisperDims, WhisperNetwork};
+use super::model::{
+    need, need_shape, BatchScratch, Ct2Names, DecoderState, WhisperDims, WhisperNetwork,
+};
 use super::SpeechError;
 
 /// `x · Wᵀ + b`, with `W` stored transposed (`[in, out]`).
@@ -258,6 +263,41 @@ impl<B: Backend> BurnWhisper<B> {
             .reshape([n, heads * hd])
     }
 
+    /// Self-attention of the fused `qkv` rows (`[n, 3d]`, the positions after the cache),
+    /// after appending their keys and values to layer `li`'s cache; `[n, d]`.
+    fn attend_self(
+        &self,
+        st: &mut BurnState<B>,
+        li: usize,
+        qkv: Tensor<B, 2>,
+        causal: Option<Tensor<B, 2>>,
+    ) -> Tensor<B, 2> {
+        let [n, d3] = qkv.dims();
+        let d = d3 / 3;
+        let heads = self.dims.decoder_heads;
+        let part = |i: usize| self.heads(qkv.clone().slice([0..n, i * d..(i + 1) * d]), heads);
+        let grow = |cache: &mut Option<Tensor<B, 3>>, new: Tensor<B, 3>| {
+            let all = match cache.take() {
+                Some(old) => Tensor::cat(vec![old, new], 1),
+                None => new,
+            };
+            *cache = Some(all.clone());
+            all
+        };
+        let k = grow(&mut st.self_k[li], part(1));
+        let v = grow(&mut st.self_v[li], part(2));
+        self.attend(part(0), k, v, causal)
+    }
+
+    /// Cross-attention of the query rows `q` (`[n, d]`) over the window's audio; `[n, d]`.
+    fn attend_cross(&self, st: &BurnState<B>, li: usize, q: Tensor<B, 2>) -> Tensor<B, 2> {
+        let (Some(k), Some(v)) = (&st.cross_k[li], &st.cross_v[li]) else {
+            panic!("decode before begin_window");
+        };
+        let q = self.heads(q, self.dims.decoder_heads);
+        self.attend(q, k.clone(), v.clone(), None)
+    }
+
     fn state<'s>(&self, state: &'s mut DecoderState) -> &'s mut BurnState<B> {
         state
             .device
@@ -388,7 +428,6 @@ impl<B: Backend> WhisperNetwork for BurnWhisper<B> {
             d_model: d,
             n_text_ctx,
             n_vocab,
-            decoder_heads: heads,
             ..
         } = self.dims;
         let (start, n) = (state.len, tokens.len());
@@ -418,35 +457,78 @@ impl<B: Backend> WhisperNetwork for BurnWhisper<B> {
         let st = self.state(state);
         for (li, layer) in self.dec_layers.iter().enumerate() {
             let qkv = layer.self_qkv.forward(layer.self_ln.forward(x.clone()));
-            let part = |i: usize| self.heads(qkv.clone().slice([0..n, i * d..(i + 1) * d]), heads);
-            let grow = |cache: &mut Option<Tensor<B, 3>>, new: Tensor<B, 3>| {
-                let all = match cache.take() {
-                    Some(old) => Tensor::cat(vec![old, new], 1),
-                    None => new,
-                };
-                *cache = Some(all.clone());
-                all
-            };
-            let k = grow(&mut st.self_k[li], part(1));
-            let v = grow(&mut st.self_v[li], part(2));
-            let ctx = self.attend(part(0), k, v, causal.clone());
-            x = x + layer.self_out.forward(ctx);
-
-            let q = self.heads(
-                layer.cross_q.forward(layer.cross_ln.forward(x.clone())),
-                heads,
-            );
-            let (Some(ck), Some(cv)) = (&st.cross_k[li], &st.cross_v[li]) else {
-                panic!("decode before begin_window");
-            };
-            let ctx = self.attend(q, ck.clone(), cv.clone(), None);
-            x = x + layer.cross_out.forward(ctx);
-
+            x = x + layer
+                .self_out
+                .forward(self.attend_self(st, li, qkv, causal.clone()));
+            let q = layer.cross_q.forward(layer.cross_ln.forward(x.clone()));
+            x = x + layer.cross_out.forward(self.attend_cross(st, li, q));
             let inner = gelu(layer.fc1.forward(layer.ffn_ln.forward(x.clone())));
             x = x + layer.fc2.forward(inner);
         }
         st.x = Some(self.dec_ln.forward(x));
         state.len = total;
+    }
+
+    fn step_batch(&self, states: &mut [DecoderState], tokens: &[u32], _: &mut BatchScratch) {
+        assert_eq!(states.len(), tokens.len(), "one token per sequence");
+        let WhisperDims {
+            d_model: d,
+            n_text_ctx,
+            n_vocab,
+            ..
+        } = self.dims;
+        let rows = states.len();
+        let (mut ids, mut positions) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        for (state, &t) in states.iter().zip(tokens) {
+            assert!((t as usize) < n_vocab, "token id {t} out of the vocabulary");
+            assert!(
+                state.len < n_text_ctx,
+                "decoder position {} past {n_text_ctx}",
+                state.len
+            );
+            ids.push(t as i64);
+            positions.push(state.len as i64);
+        }
+        let dev = &self.device;
+        let index = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v, [rows]), dev);
+        let mut x = self.emb.clone().select(0, index(ids))
+            + self.dec_pos.clone().select(0, index(positions));
+        // Projections and the feed-forward over all rows at once; attention per sequence,
+        // over its own caches.
+        let per_row =
+            |states: &mut [DecoderState],
+             t: Tensor<B, 2>,
+             f: &dyn Fn(&mut BurnState<B>, Tensor<B, 2>) -> Tensor<B, 2>| {
+                let width = t.dims()[1];
+                let outs = states
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(r, state)| f(self.state(state), t.clone().slice([r..r + 1, 0..width])))
+                    .collect();
+                Tensor::cat(outs, 0)
+            };
+        for (li, layer) in self.dec_layers.iter().enumerate() {
+            let qkv = layer.self_qkv.forward(layer.self_ln.forward(x.clone()));
+            let ctx = per_row(states, qkv, &|st, row| self.attend_self(st, li, row, None));
+            x = x + layer.self_out.forward(ctx);
+            let q = layer.cross_q.forward(layer.cross_ln.forward(x.clone()));
+            let ctx = per_row(states, q, &|st, row| self.attend_cross(st, li, row));
+            x = x + layer.cross_out.forward(ctx);
+            let inner = gelu(layer.fc1.forward(layer.ffn_ln.forward(x.clone())));
+            x = x + layer.fc2.forward(inner);
+        }
+        let x = self.dec_ln.forward(x);
+        // One vocabulary projection and one read-back for every row.
+        let logits = to_host(x.clone().matmul(self.emb.clone().transpose()));
+        for ((r, state), row) in states
+            .iter_mut()
+            .enumerate()
+            .zip(logits.chunks_exact(n_vocab))
+        {
+            state.logits.copy_from_slice(row);
+            state.len += 1;
+            self.state(state).x = Some(x.clone().slice([r..r + 1, 0..d]));
+        }
     }
 
     fn logits(&self, state: &mut DecoderState, row: usize) {

@@ -50,7 +50,7 @@ pub(crate) struct WindowResult {
 }
 
 /// Decode after `prompt` (which contains `<|startoftranscript|>` at `sot_index`). The state
-/// must hold this window's cross-attention keys/values ([`WhisperModel::begin_window`]).
+/// must hold this window's cross-attention keys/values ([`WhisperNetwork::begin_window`]).
 pub(crate) fn decode_window(
     model: &dyn WhisperNetwork,
     state: &mut DecoderState,
@@ -75,14 +75,12 @@ pub(crate) fn decode_window(
     let mut tokens: Vec<u32> = Vec::with_capacity(rules.max_new_tokens);
     let mut scratch = PickScratch::default();
     let mut sum_logprob = 0f64;
-    // Only the host network's steps are batched across transcriptions.
-    let batched = stepper.batcher.zip(model.host());
-    let _member = batched.map(|(b, _)| b.join());
+    let _member = stepper.batcher.map(StepBatcher::join);
     for step in 0..rules.max_new_tokens {
         if step > 0 {
             let token = tokens[tokens.len() - 1];
-            match batched {
-                Some((b, host)) => b.step(host, stepper.pool, state, token),
+            match stepper.batcher {
+                Some(b) => b.step(model, stepper.pool, state, token),
                 None => stepper.pool.install(|| {
                     model.decode(state, &[token]);
                     model.logits(state, 0);

@@ -204,11 +204,11 @@ pub(crate) trait WhisperNetwork: Send + Sync {
     fn decode(&self, state: &mut DecoderState, tokens: &[u32]);
     /// The logits of row `row` of the last [`WhisperNetwork::decode`], into `state.logits`.
     fn logits(&self, state: &mut DecoderState, row: usize);
-    /// The host network, whose single-token steps [`super::batch::StepBatcher`] can batch
-    /// across transcriptions.
-    fn host(&self) -> Option<&WhisperModel> {
-        None
-    }
+    /// One decoding step of several transcriptions at once: `tokens[b]` into `states[b]` at
+    /// its own position, its logits into `states[b].logits`; each weight read once for all
+    /// rows ([`super::batch::StepBatcher`] gathers them). `scratch` keeps host buffers
+    /// between steps.
+    fn step_batch(&self, states: &mut [DecoderState], tokens: &[u32], scratch: &mut BatchScratch);
 }
 
 impl WhisperNetwork for WhisperModel {
@@ -233,8 +233,8 @@ impl WhisperNetwork for WhisperModel {
     fn logits(&self, state: &mut DecoderState, row: usize) {
         WhisperModel::logits(self, state, row)
     }
-    fn host(&self) -> Option<&WhisperModel> {
-        Some(self)
+    fn step_batch(&self, states: &mut [DecoderState], tokens: &[u32], scratch: &mut BatchScratch) {
+        WhisperModel::step_batch(self, states, tokens, scratch)
     }
 }
 
