@@ -482,13 +482,8 @@ impl WhisperModel {
             ..
         } = state;
         resize(x, n * d);
-        for (i, &t) in tokens.iter().enumerate() {
-            let t = t as usize;
-            assert!(t < self.dims.n_vocab, "token id {t} out of the vocabulary");
-            let row = &mut x[i * d..(i + 1) * d];
-            self.emb.row_into(t, row);
-            let p = &self.dec_pos[(start + i) * d..(start + i + 1) * d];
-            row.iter_mut().zip(p).for_each(|(v, p)| *v += p);
+        for (i, (&t, row)) in tokens.iter().zip(x.chunks_exact_mut(d)).enumerate() {
+            self.embed_into(t, start + i, row);
         }
         resize(h, n * d);
         resize(qkv, n * 3 * d);
@@ -512,6 +507,16 @@ impl WhisperModel {
         }
         self.dec_ln.apply(x);
         state.len = start + n;
+    }
+
+    /// The decoder's input row of token `t` at position `pos`: its embedding plus the
+    /// learned position.
+    fn embed_into(&self, t: u32, pos: usize, row: &mut [f32]) {
+        let (t, d) = (t as usize, self.dims.d_model);
+        assert!(t < self.dims.n_vocab, "token id {t} out of the vocabulary");
+        self.emb.row_into(t, row);
+        let p = &self.dec_pos[pos * d..(pos + 1) * d];
+        row.iter_mut().zip(p).for_each(|(v, p)| *v += p);
     }
 
     /// Causal self-attention of the `qkv` rows (`[n, 3d]`, positions `start..start + n`)
@@ -641,12 +646,12 @@ impl WhisperModel {
         resize(ctx, rows * d);
         resize(inner, rows * ffn);
         for ((state, &t), row) in states.iter().zip(tokens).zip(x.chunks_exact_mut(d)) {
-            let (t, pos) = (t as usize, state.len);
-            assert!(t < n_vocab, "token id {t} out of the vocabulary");
-            assert!(pos < n_text_ctx, "decoder position {pos} past {n_text_ctx}");
-            self.emb.row_into(t, row);
-            let p = &self.dec_pos[pos * d..(pos + 1) * d];
-            row.iter_mut().zip(p).for_each(|(v, p)| *v += p);
+            assert!(
+                state.len < n_text_ctx,
+                "decoder position {} past {n_text_ctx}",
+                state.len
+            );
+            self.embed_into(t, state.len, row);
         }
         for (li, layer) in self.dec_layers.iter().enumerate() {
             h.copy_from_slice(x);
