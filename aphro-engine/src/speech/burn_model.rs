@@ -298,6 +298,22 @@ impl<B: Backend> BurnWhisper<B> {
         self.attend(q, k.clone(), v.clone(), None)
     }
 
+    /// `f` of each sequence's row of `rows` (`[sequences, _]`) with its state, stacked back.
+    fn per_sequence(
+        &self,
+        states: &mut [DecoderState],
+        rows: Tensor<B, 2>,
+        f: impl Fn(&mut BurnState<B>, Tensor<B, 2>) -> Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        let width = rows.dims()[1];
+        let outs = states
+            .iter_mut()
+            .enumerate()
+            .map(|(r, state)| f(self.state(state), rows.clone().slice([r..r + 1, 0..width])))
+            .collect();
+        Tensor::cat(outs, 0)
+    }
+
     fn state<'s>(&self, state: &'s mut DecoderState) -> &'s mut BurnState<B> {
         state
             .device
@@ -495,24 +511,12 @@ impl<B: Backend> WhisperNetwork for BurnWhisper<B> {
             + self.dec_pos.clone().select(0, index(positions));
         // Projections and the feed-forward over all rows at once; attention per sequence,
         // over its own caches.
-        let per_row =
-            |states: &mut [DecoderState],
-             t: Tensor<B, 2>,
-             f: &dyn Fn(&mut BurnState<B>, Tensor<B, 2>) -> Tensor<B, 2>| {
-                let width = t.dims()[1];
-                let outs = states
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(r, state)| f(self.state(state), t.clone().slice([r..r + 1, 0..width])))
-                    .collect();
-                Tensor::cat(outs, 0)
-            };
         for (li, layer) in self.dec_layers.iter().enumerate() {
             let qkv = layer.self_qkv.forward(layer.self_ln.forward(x.clone()));
-            let ctx = per_row(states, qkv, &|st, row| self.attend_self(st, li, row, None));
+            let ctx = self.per_sequence(states, qkv, |st, row| self.attend_self(st, li, row, None));
             x = x + layer.self_out.forward(ctx);
             let q = layer.cross_q.forward(layer.cross_ln.forward(x.clone()));
-            let ctx = per_row(states, q, &|st, row| self.attend_cross(st, li, row));
+            let ctx = self.per_sequence(states, q, |st, row| self.attend_cross(st, li, row));
             x = x + layer.cross_out.forward(ctx);
             let inner = gelu(layer.fc1.forward(layer.ffn_ln.forward(x.clone())));
             x = x + layer.fc2.forward(inner);
