@@ -17,26 +17,27 @@ use super::PoolingError;
 use crate::model::weights::WeightSource;
 
 /// A dense layer stored as `[in, out]` (HF's `[out, in]` transposed at load) with its bias.
-struct Dense<B: Backend> {
-    wt: Tensor<B, 2>,
-    b: Tensor<B, 1>,
+/// Also Whisper's on burn ([`crate::speech`]).
+pub(crate) struct Dense<B: Backend> {
+    pub wt: Tensor<B, 2>,
+    pub b: Tensor<B, 1>,
 }
 
 impl<B: Backend> Dense<B> {
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         x.matmul(self.wt.clone()) + self.b.clone().unsqueeze::<2>()
     }
 }
 
-struct LayerNorm<B: Backend> {
-    gamma: Tensor<B, 1>,
-    beta: Tensor<B, 1>,
-    eps: f64,
+pub(crate) struct LayerNorm<B: Backend> {
+    pub gamma: Tensor<B, 1>,
+    pub beta: Tensor<B, 1>,
+    pub eps: f64,
 }
 
 impl<B: Backend> LayerNorm<B> {
     /// Two-pass mean and (biased) variance over the last axis, as PyTorch computes them.
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let mean = x.clone().mean_dim(1);
         let centered = x - mean;
         let var = centered.clone().powi_scalar(2).mean_dim(1);

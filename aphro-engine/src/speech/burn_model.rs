@@ -19,38 +19,13 @@ use burn::tensor::activation::{gelu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use crate::pooling::bert::{Dense, LayerNorm};
+
 use super::model::{
-    need, need_shape, BatchScratch, Ct2Names, DecoderState, WhisperDims, WhisperNetwork,
+    bias_or_zeros, need, need_shape, BatchScratch, Ct2Names, DecoderState, WhisperDims,
+    WhisperNetwork,
 };
 use super::SpeechError;
-
-/// `x · Wᵀ + b`, with `W` stored transposed (`[in, out]`).
-struct Dense<B: Backend> {
-    wt: Tensor<B, 2>,
-    b: Tensor<B, 1>,
-}
-
-impl<B: Backend> Dense<B> {
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.matmul(self.wt.clone()) + self.b.clone().unsqueeze::<2>()
-    }
-}
-
-struct LayerNorm<B: Backend> {
-    gamma: Tensor<B, 1>,
-    beta: Tensor<B, 1>,
-}
-
-impl<B: Backend> LayerNorm<B> {
-    /// PyTorch's `nn.LayerNorm` (biased variance, eps 1e-5), which Whisper uses.
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let mean = x.clone().mean_dim(1);
-        let centered = x - mean;
-        let var = centered.clone().powi_scalar(2).mean_dim(1);
-        let normed = centered / (var + 1e-5).sqrt();
-        normed * self.gamma.clone().unsqueeze::<2>() + self.beta.clone().unsqueeze::<2>()
-    }
-}
 
 struct EncoderLayer<B: Backend> {
     attn_ln: LayerNorm<B>,
@@ -126,18 +101,9 @@ impl<B: Backend> Loader<'_, B> {
     /// projection has none).
     fn dense(&self, name: &str, out: usize, inp: usize) -> Result<Dense<B>, SpeechError> {
         let w: Tensor<B, 2> = self.tensor(&format!("{name}/weight"), [out, inp])?;
-        let b = match self.src.tensor(&format!("{name}/bias"))? {
-            Some((shape, b)) if shape == [out] => b,
-            Some((shape, _)) => {
-                return Err(SpeechError::Weights(format!(
-                    "{name}/bias has shape {shape:?}, expected [{out}]"
-                )))
-            }
-            None => vec![0.0; out],
-        };
         Ok(Dense {
             wt: w.transpose(),
-            b: self.upload(b, [out]),
+            b: self.upload(bias_or_zeros(self.src, name, out)?, [out]),
         })
     }
 
@@ -145,6 +111,8 @@ impl<B: Backend> Loader<'_, B> {
         Ok(LayerNorm {
             gamma: self.tensor(&format!("{name}/gamma"), [d])?,
             beta: self.tensor(&format!("{name}/beta"), [d])?,
+            // PyTorch's nn.LayerNorm default, which Whisper uses.
+            eps: 1e-5,
         })
     }
 }

@@ -135,21 +135,27 @@ pub(super) fn need_shape(
 /// projection has none).
 fn dense(src: &dyn Ct2Names, name: &str, out: usize, inp: usize) -> Result<Dense, SpeechError> {
     let w = need_shape(src, &format!("{name}/weight"), &[out, inp])?;
-    let b = match src.tensor(&format!("{name}/bias"))? {
-        Some((shape, b)) if shape == [out] => b,
-        Some((shape, _)) => {
-            return Err(SpeechError::Weights(format!(
-                "{name}/bias has shape {shape:?}, expected [{out}]"
-            )))
-        }
-        None => vec![0.0; out],
-    };
     Ok(Dense {
         wt: transpose(&w, out, inp),
-        b,
+        b: bias_or_zeros(src, name, out)?,
         out,
         inp,
     })
+}
+
+/// `{name}/bias` `[out]`, zeros if absent (Whisper's key projection has none).
+pub(super) fn bias_or_zeros(
+    src: &dyn Ct2Names,
+    name: &str,
+    out: usize,
+) -> Result<Vec<f32>, SpeechError> {
+    match src.tensor(&format!("{name}/bias"))? {
+        Some((shape, b)) if shape == [out] => Ok(b),
+        Some((shape, _)) => Err(SpeechError::Weights(format!(
+            "{name}/bias has shape {shape:?}, expected [{out}]"
+        ))),
+        None => Ok(vec![0.0; out]),
+    }
 }
 
 fn norm(src: &dyn Ct2Names, name: &str, d: usize) -> Result<LayerNorm, SpeechError> {
