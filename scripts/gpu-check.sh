@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, run on a machine with an NVIDIA GPU: release build with `--features cuda`, a
 # check that the driver (libcuda.so.1) and NVRTC (libnvrtc) load, the engine's parity and
-# serving tests on the device, and `aphro bench --device cuda --json`. Sized for < 8 minutes
+# serving tests on the device, `aphro bench --device cuda --json`, and Whisper on the device
+# against faster-whisper's transcript. Sized for < 8 minutes
 # (build included) on 16 cores. Env: APHRO_ASSETS (test assets), APHRO_GPU_DTYPE (weights
 # of the parity run: float32 (default) or bfloat16), CUDARC_CUDA_VERSION (see below).
 set -euo pipefail
@@ -66,4 +67,22 @@ APHRO_TEST_DEVICE=cuda APHRO_TEST_DTYPE="${APHRO_GPU_DTYPE:-float32}" \
     cargo test --release --locked -p aphro-engine --features cuda --test parity --test serving
 "$CARGO_TARGET_DIR/release/aphro" bench --device cuda --model "$GGUF" --json
 "$CARGO_TARGET_DIR/release/aphro" bench --device cuda --dtype bfloat16 --model "$GGUF" --json
+# Whisper on the device (the burn network on burn-cuda): the two-window clip's transcript must
+# equal faster-whisper's (whitespace-normalized), then its real-time factor on the GPU.
+WHISPER="$APHRO_ASSETS/models/whisper-tiny.en"
+CLIP=testdata/audio/clips/a09_long_chunking.wav
+got=$("$CARGO_TARGET_DIR/release/aphro" transcribe --device cuda --model "$WHISPER" "$CLIP")
+want=$(python3 -c 'import json
+for l in open("testdata/audio/transcripts.jsonl"):
+    c = json.loads(l)
+    if c["id"] == "a09_long_chunking" and c["container"] == "wav":
+        print(c["reference"]["text"])')
+if [ "$(echo $got)" != "$(echo $want)" ]; then
+    echo "gpu-check: Whisper on cuda differs from faster-whisper:" >&2
+    echo "  got:  $got" >&2
+    echo "  want: $want" >&2
+    exit 1
+fi
+echo "gpu-check: Whisper on cuda equals faster-whisper on $CLIP"
+"$CARGO_TARGET_DIR/release/aphro" transcribe --device cuda --bench-runs 3 --model "$WHISPER" "$CLIP" >/dev/null
 echo "gpu-check: all done in $(( $(date +%s) - t0 ))s"

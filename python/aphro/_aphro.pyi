@@ -246,7 +246,12 @@ class CoupledServing:
 class Transcriber:
     """Speech to text on a Whisper folder (the bodies of ``/v1/audio/transcriptions``)."""
 
-    def __init__(self, model_dir: Union[str, "os.PathLike[str]"], num_threads: Optional[int] = None) -> None: ...
+    def __init__(
+        self,
+        model_dir: Union[str, "os.PathLike[str]"],
+        num_threads: Optional[int] = None,
+        device: str = "auto",
+    ) -> None: ...
     def transcribe(
         self,
         audio: Union[bytes, str, "os.PathLike[str]"],
