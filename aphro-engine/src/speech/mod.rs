@@ -1,5 +1,6 @@
-//! Speech to text: Whisper on the CPU or a burn backend, decoding as faster-whisper 1.2.1 / openai-whisper do
-//! (sequential 30 s windows, timestamp rules, conditioning on the previous text).
+//! Speech to text: Whisper on the CPU or a burn backend, decoding as faster-whisper 1.2.1 /
+//! openai-whisper do (sequential 30 s windows, timestamp rules, conditioning on the previous
+//! text).
 //!
 //! [`Transcriber`] is the library API the server, the CLI and the Python bindings share.
 //!
@@ -227,8 +228,8 @@ impl Transcriber {
 
     /// Load with the network on burn backend `B` (`config.device` is not consulted). On
     /// `burn_flex::Flex` it computes what the host network does, slower; on a CubeCL
-    /// backend (burn-cuda, burn-wgpu) it runs on the GPU. Decoding steps of concurrent
-    /// transcriptions are batched on the host network only.
+    /// backend (burn-cuda, burn-wgpu) it runs on the GPU. Concurrent transcriptions share
+    /// batched decoding steps there too.
     pub fn load_on<B: burn::tensor::backend::Backend>(
         model_dir: &Path,
         config: TranscriberConfig,
