@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use aphro_engine::model::flash::paged_attention;
+use aphro_engine::model::flash::{paged_attention, KvElement};
 use aphro_engine::model::ops::{AttnSeq, AttnShape};
 
 fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
@@ -22,7 +22,8 @@ fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
 }
 
 /// One case: `(name, [(start_pos, q_len)] per sequence)`; every sequence owns its own blocks.
-fn run(name: &str, seqs: &[(usize, usize)], shape: &AttnShape, seed: &mut u64) {
+/// `T` is the cache element (`f32`, or `half::f16` as `--kv-cache-dtype float16` stores it).
+fn run<T: KvElement>(name: &str, seqs: &[(usize, usize)], shape: &AttnShape, seed: &mut u64) {
     let (h, kvh, d, bs) = (
         shape.num_heads,
         shape.num_kv_heads,
@@ -31,8 +32,9 @@ fn run(name: &str, seqs: &[(usize, usize)], shape: &AttnShape, seed: &mut u64) {
     );
     let blocks_each: Vec<usize> = seqs.iter().map(|&(s, l)| (s + l).div_ceil(bs)).collect();
     let total_blocks: usize = blocks_each.iter().sum();
-    let kc = rand(total_blocks * bs * kvh * d, seed);
-    let vc = rand(total_blocks * bs * kvh * d, seed);
+    let widen = |x: Vec<f32>| x.into_iter().map(T::from_f32).collect::<Vec<T>>();
+    let kc = widen(rand(total_blocks * bs * kvh * d, seed));
+    let vc = widen(rand(total_blocks * bs * kvh * d, seed));
     let mut tables = Vec::new();
     let mut next = 0u32;
     for &n in &blocks_each {
@@ -89,18 +91,24 @@ fn main() {
         "threads: {}\n\n| one layer's attention | ms (best) | GFLOP/s |\n| --- | ---: | ---: |",
         rayon::current_num_threads()
     );
-    run("prefill 512 from 0", &[(0, 512)], &shape, &mut seed);
-    run("prefill 2048 from 0", &[(0, 2048)], &shape, &mut seed);
-    run(
+    run::<f32>("prefill 512 from 0", &[(0, 512)], &shape, &mut seed);
+    run::<f32>("prefill 2048 from 0", &[(0, 2048)], &shape, &mut seed);
+    run::<half::f16>(
+        "prefill 2048 from 0, f16 cache",
+        &[(0, 2048)],
+        &shape,
+        &mut seed,
+    );
+    run::<f32>(
         "prefill chunk 512 at 7680",
         &[(7680, 512)],
         &shape,
         &mut seed,
     );
-    run("decode 1 row at 2048", &[(2047, 1)], &shape, &mut seed);
-    run("decode 1 row at 8192", &[(8191, 1)], &shape, &mut seed);
-    run("decode 8 rows at 2048", &[(2047, 1); 8], &shape, &mut seed);
-    run(
+    run::<f32>("decode 1 row at 2048", &[(2047, 1)], &shape, &mut seed);
+    run::<f32>("decode 1 row at 8192", &[(8191, 1)], &shape, &mut seed);
+    run::<f32>("decode 8 rows at 2048", &[(2047, 1); 8], &shape, &mut seed);
+    run::<f32>(
         "decode 1 row at 8192 + chunk 16 at 8000",
         &[(8191, 1), (8000, 16)],
         &shape,

@@ -249,10 +249,24 @@ impl QueryBlock<'_> {
     #[allow(unsafe_code)]
     fn attend<T: KvElement>(&self, k_cache: &[T], v_cache: &[T]) -> Partial {
         #[cfg(target_arch = "x86_64")]
+        if super::quant::has_avx512f() {
+            // SAFETY: AVX-512F, AVX2 and FMA are present (checked at run time); the body is
+            // safe code.
+            return unsafe { self.attend_avx512(k_cache, v_cache) };
+        }
+        #[cfg(target_arch = "x86_64")]
         if super::quant::has_avx2() {
             // SAFETY: AVX2 and FMA are present (checked at run time); the body is safe code.
             return unsafe { self.attend_avx2(k_cache, v_cache) };
         }
+        self.body(k_cache, v_cache)
+    }
+
+    /// The body with the softmax loops (max, exp, sum) vectorised over 16 lanes. Their
+    /// results do not change: each lane runs the same operations in the same order.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn attend_avx512<T: KvElement>(&self, k_cache: &[T], v_cache: &[T]) -> Partial {
         self.body(k_cache, v_cache)
     }
 
@@ -293,6 +307,8 @@ impl QueryBlock<'_> {
         let mut max = vec![f32::NEG_INFINITY; m];
         let mut sum = vec![0f32; m];
         let mut correction = vec![1f32; m];
+        // Whether a row sees any key of the current tile.
+        let mut seen = vec![false; m];
         let mut scores = vec![0f32; m * KEY_TILE];
         let table = self.seq.block_table;
         let head = self.kv_head * d;
@@ -380,6 +396,9 @@ impl QueryBlock<'_> {
                     live,
                     d,
                 );
+                // Three passes over the rows, so the per-row rescaling factors e^(old max -
+                // new max) come from one vectorised `exp` rather than a scalar one per row
+                // (a serial polynomial that stalled the loop). Same values either way.
                 for i in first..m {
                     let pos = pos0 + i / heads;
                     // Keys past this row's position (or past the tile) do not count.
@@ -394,16 +413,29 @@ impl QueryBlock<'_> {
                         .expect("score row");
                     if hidden == visible {
                         // Nothing of this tile is visible: leave the row's state as it is
-                        // (zero weights, no rescaling).
+                        // (zero weights, no rescaling: e^0 = 1).
                         s.fill(0.0);
-                        correction[i] = 1.0;
+                        seen[i] = false;
+                        correction[i] = 0.0;
                         continue;
                     }
+                    seen[i] = true;
                     s[visible..].fill(f32::NEG_INFINITY);
                     s[..hidden].fill(f32::NEG_INFINITY);
                     let new_max = max[i].max(max64(s));
-                    correction[i] = exp_scalar(max[i] - new_max);
+                    // -inf (nothing seen yet) gives a factor of 0.
+                    correction[i] = max[i] - new_max;
                     max[i] = new_max;
+                }
+                exp_in_place(&mut correction[first..]);
+                for i in first..m {
+                    if !seen[i] {
+                        continue;
+                    }
+                    let s: &mut [f32; KEY_TILE] = (&mut scores[i * KEY_TILE..(i + 1) * KEY_TILE])
+                        .try_into()
+                        .expect("score row");
+                    let new_max = max[i];
                     for x in s.iter_mut() {
                         *x -= new_max;
                     }
@@ -462,6 +494,12 @@ pub trait KvElement: Copy + Send + Sync + 'static {
     /// `p..p + 8` is readable, and the caller runs with AVX2 and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Sixteen consecutive elements widened to `f32` lanes.
+    ///
+    /// # Safety
+    /// `p..p + 16` is readable, and the caller runs with AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 // The 8-lane loads are plain array reads: `_mm256_loadu_ps` and friends are a
@@ -482,6 +520,11 @@ impl KvElement for f32 {
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
         std::mem::transmute::<[f32; 8], std::arch::x86_64::__m256>(*(p as *const [f32; 8]))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        std::mem::transmute::<[f32; 16], std::arch::x86_64::__m512>(*(p as *const [f32; 16]))
     }
 }
 
@@ -504,6 +547,14 @@ impl KvElement for half::f16 {
             *(p as *const [u16; 8]),
         ))
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(std::mem::transmute::<[u16; 16], __m256i>(
+            *(p as *const [u16; 16]),
+        ))
+    }
 }
 
 #[allow(unsafe_code)]
@@ -524,6 +575,13 @@ impl KvElement for half::bf16 {
         // bf16 is the top half of an f32: widen to 32 bits and shift into place.
         let h = std::mem::transmute::<[u16; 8], __m128i>(*(p as *const [u16; 8]));
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let h = std::mem::transmute::<[u16; 16], __m256i>(*(p as *const [u16; 16]));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
     }
 }
 
@@ -548,6 +606,13 @@ mod tile_products {
         assert!(q.len() >= count * d && scores.len() >= count * KEY_TILE);
         for g in groups {
             assert!(d == 0 || g.k.len() >= (d - 1) * g.k_stride + GROUP);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if d.is_multiple_of(16) && crate::model::quant::has_avx512f() {
+            // SAFETY: AVX-512F is present (checked at run time); the lengths asserted above
+            // bound every read and write.
+            unsafe { avx512::scores(q, groups, scores, count, d) };
+            return;
         }
         #[cfg(target_arch = "x86_64")]
         if d.is_multiple_of(16) && crate::model::quant::has_avx2() {
@@ -592,6 +657,12 @@ mod tile_products {
             assert!(rows == 0 || kg.v.len() >= (rows - 1) * kg.v_stride + d);
         }
         #[cfg(target_arch = "x86_64")]
+        if d.is_multiple_of(32) && crate::model::quant::has_avx512f() {
+            // SAFETY: as in `scores`.
+            unsafe { avx512::weighted_values(p, groups, correction, out, count, d, keys) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
         if d.is_multiple_of(16) && crate::model::quant::has_avx2() {
             // SAFETY: as in `scores`.
             unsafe { avx2::weighted_values(p, groups, correction, out, count, d, keys) };
@@ -613,7 +684,7 @@ mod tile_products {
 
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
-    mod avx2 {
+    pub(super) mod avx2 {
         use super::{KeyGroup, KvElement, GROUP, GROUPS, KEY_TILE};
         use std::arch::x86_64::*;
 
@@ -635,7 +706,7 @@ mod tile_products {
 
         /// Callers check the slice lengths (see `super::scores`).
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn scores<T: KvElement>(
+        pub(in super::super) unsafe fn scores<T: KvElement>(
             q: &[f32],
             groups: &[KeyGroup<'_, T>; GROUPS],
             scores: &mut [f32],
@@ -731,7 +802,7 @@ mod tile_products {
 
         /// Callers check the slice lengths (see `super::weighted_values`).
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn weighted_values<T: KvElement>(
+        pub(in super::super) unsafe fn weighted_values<T: KvElement>(
             p: &[f32],
             groups: &[KeyGroup<'_, T>; GROUPS],
             correction: &[f32],
@@ -835,6 +906,200 @@ mod tile_products {
             st(out.add(8), b);
         }
     }
+
+    /// The same products over 16-lane registers. With 32 of them a block holds eight
+    /// queries by 32 keys (or 32 output dimensions): half the loads and broadcasts per
+    /// multiply-add of the AVX2 blocks, and a quarter of the 16-bit cache conversions. Every
+    /// element is still one fused multiply-add chain in the same order, so the results equal
+    /// the AVX2 path's bit for bit (`tests::avx512_tiles_equal_avx2_bit_for_bit`).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    pub(super) mod avx512 {
+        use super::{KeyGroup, KvElement, GROUP, GROUPS, KEY_TILE};
+        use std::arch::x86_64::*;
+
+        /// Queries per register block: 8 queries × 32 lanes = 16 accumulators.
+        const QB: usize = 8;
+
+        #[inline(always)]
+        unsafe fn ld(p: *const f32) -> __m512 {
+            f32::load16(p)
+        }
+
+        #[inline(always)]
+        unsafe fn st(p: *mut f32, v: __m512) {
+            *(p as *mut [f32; 16]) = std::mem::transmute::<__m512, [f32; 16]>(v);
+        }
+
+        /// Callers check the slice lengths (see `super::scores`).
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub(in super::super) unsafe fn scores<T: KvElement>(
+            q: &[f32],
+            groups: &[KeyGroup<'_, T>; GROUPS],
+            scores: &mut [f32],
+            count: usize,
+            d: usize,
+        ) {
+            for pair in 0..GROUPS / 2 {
+                let (ga, gb) = (&groups[2 * pair], &groups[2 * pair + 1]);
+                let mut i = 0;
+                while i < count {
+                    let qp = q.as_ptr().add(i * d);
+                    let sp = scores.as_mut_ptr().add(i * KEY_TILE + 2 * pair * GROUP);
+                    if count - i >= QB {
+                        scores8(qp, ga, gb, sp, d);
+                        i += QB;
+                    } else {
+                        scores1(qp, ga, gb, sp, d);
+                        i += 1;
+                    }
+                }
+            }
+        }
+
+        /// 32 scores (two key groups) of eight queries.
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn scores8<T: KvElement>(
+            q: *const f32,
+            ga: &KeyGroup<'_, T>,
+            gb: &KeyGroup<'_, T>,
+            s: *mut f32,
+            d: usize,
+        ) {
+            let mut a = [_mm512_setzero_ps(); QB];
+            let mut b = [_mm512_setzero_ps(); QB];
+            let (mut ka, mut kb) = (ga.k.as_ptr(), gb.k.as_ptr());
+            for c in 0..d {
+                let k0 = T::load16(ka);
+                let k1 = T::load16(kb);
+                ka = ka.add(ga.k_stride);
+                kb = kb.add(gb.k_stride);
+                for j in 0..QB {
+                    let x = _mm512_set1_ps(*q.add(j * d + c));
+                    a[j] = _mm512_fmadd_ps(x, k0, a[j]);
+                    b[j] = _mm512_fmadd_ps(x, k1, b[j]);
+                }
+            }
+            for j in 0..QB {
+                let sp = s.add(j * KEY_TILE);
+                st(sp, a[j]);
+                st(sp.add(GROUP), b[j]);
+            }
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn scores1<T: KvElement>(
+            q: *const f32,
+            ga: &KeyGroup<'_, T>,
+            gb: &KeyGroup<'_, T>,
+            s: *mut f32,
+            d: usize,
+        ) {
+            let mut a = _mm512_setzero_ps();
+            let mut b = _mm512_setzero_ps();
+            let (mut ka, mut kb) = (ga.k.as_ptr(), gb.k.as_ptr());
+            for c in 0..d {
+                let x = _mm512_set1_ps(*q.add(c));
+                a = _mm512_fmadd_ps(x, T::load16(ka), a);
+                b = _mm512_fmadd_ps(x, T::load16(kb), b);
+                ka = ka.add(ga.k_stride);
+                kb = kb.add(gb.k_stride);
+            }
+            st(s, a);
+            st(s.add(GROUP), b);
+        }
+
+        /// Callers check the slice lengths and that `d` is a multiple of 32 (see
+        /// `super::weighted_values`).
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub(in super::super) unsafe fn weighted_values<T: KvElement>(
+            p: &[f32],
+            groups: &[KeyGroup<'_, T>; GROUPS],
+            correction: &[f32],
+            out: &mut [f32],
+            count: usize,
+            d: usize,
+            keys: usize,
+        ) {
+            let mut rows = [std::ptr::null::<T>(); KEY_TILE];
+            for (t, row) in rows.iter_mut().enumerate().take(keys) {
+                let kg = &groups[t / GROUP];
+                *row = kg.v.as_ptr().add((t % GROUP) * kg.v_stride);
+            }
+            let rows = &rows[..keys];
+            let mut i = 0;
+            while i < count {
+                let (pp, cp) = (p.as_ptr().add(i * KEY_TILE), correction.as_ptr().add(i));
+                let op = out.as_mut_ptr().add(i * d);
+                let block = if count - i >= QB { QB } else { 1 };
+                for c in (0..d).step_by(32) {
+                    if block == QB {
+                        values8(pp, rows, c, cp, op.add(c), d);
+                    } else {
+                        values1(pp, rows, c, cp, op.add(c));
+                    }
+                }
+                i += block;
+            }
+        }
+
+        /// Output dimensions `c..c + 32` of eight queries (`out` points at the first one's
+        /// `c`; rows `d` apart), rescaled by their corrections, plus their weighted values.
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn values8<T: KvElement>(
+            p: *const f32,
+            rows: &[*const T],
+            c: usize,
+            correction: *const f32,
+            out: *mut f32,
+            d: usize,
+        ) {
+            let mut a = [_mm512_setzero_ps(); QB];
+            let mut b = [_mm512_setzero_ps(); QB];
+            for j in 0..QB {
+                let scale = _mm512_set1_ps(*correction.add(j));
+                a[j] = _mm512_mul_ps(ld(out.add(j * d)), scale);
+                b[j] = _mm512_mul_ps(ld(out.add(j * d + 16)), scale);
+            }
+            for (t, &row) in rows.iter().enumerate() {
+                let v0 = T::load16(row.add(c));
+                let v1 = T::load16(row.add(c + 16));
+                for j in 0..QB {
+                    let w = _mm512_set1_ps(*p.add(j * KEY_TILE + t));
+                    a[j] = _mm512_fmadd_ps(w, v0, a[j]);
+                    b[j] = _mm512_fmadd_ps(w, v1, b[j]);
+                }
+            }
+            for j in 0..QB {
+                st(out.add(j * d), a[j]);
+                st(out.add(j * d + 16), b[j]);
+            }
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn values1<T: KvElement>(
+            p: *const f32,
+            rows: &[*const T],
+            c: usize,
+            correction: *const f32,
+            out: *mut f32,
+        ) {
+            let scale = _mm512_set1_ps(*correction);
+            let mut a = _mm512_mul_ps(ld(out), scale);
+            let mut b = _mm512_mul_ps(ld(out.add(16)), scale);
+            for (t, &row) in rows.iter().enumerate() {
+                let w = _mm512_set1_ps(*p.add(t));
+                a = _mm512_fmadd_ps(w, T::load16(row.add(c)), a);
+                b = _mm512_fmadd_ps(w, T::load16(row.add(c + 16)), b);
+            }
+            st(out, a);
+            st(out.add(16), b);
+        }
+    }
 }
 
 /// The largest of 64 scores: eight lanes, then a fixed tree (vectorises; max is exact, so
@@ -922,6 +1187,73 @@ mod tests {
                 ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
+    }
+
+    /// The AVX-512 tile kernels give the AVX2 kernels' results bit for bit, for every cache
+    /// element type, block remainder (1..=19 queries) and partial tile. On a CPU without
+    /// AVX-512 there is no second path to compare (the other tests cover the AVX2 one).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[allow(unsafe_code)]
+    fn avx512_tiles_equal_avx2_bit_for_bit() {
+        if !(crate::model::quant::has_avx512f() && crate::model::quant::has_avx2()) {
+            eprintln!("no AVX-512F here: nothing to compare");
+            return;
+        }
+        fn check<T: KvElement>(seed: &mut u64) {
+            use super::tile_products::{avx2, avx512};
+            for d in [64, 128] {
+                // Two key groups in a 16-row block layout, two with a gathered tile's stride.
+                let strides = [16, 32, GROUP, GROUP];
+                let keys: Vec<Vec<T>> = strides
+                    .iter()
+                    .map(|&st| rand(d * st, seed).into_iter().map(T::from_f32).collect())
+                    .collect();
+                let values: Vec<Vec<T>> = (0..GROUPS)
+                    .map(|_| rand(GROUP * d, seed).into_iter().map(T::from_f32).collect())
+                    .collect();
+                let groups: [KeyGroup<'_, T>; GROUPS] = std::array::from_fn(|g| KeyGroup {
+                    k: &keys[g],
+                    k_stride: strides[g],
+                    v: &values[g],
+                    v_stride: d,
+                });
+                for count in 1..20 {
+                    let q = rand(count * d, seed);
+                    let (mut s2, mut s5) =
+                        (vec![0f32; count * KEY_TILE], vec![0f32; count * KEY_TILE]);
+                    // SAFETY: both feature sets are present; the sizes are the callers'.
+                    unsafe {
+                        avx2::scores(&q, &groups, &mut s2, count, d);
+                        avx512::scores(&q, &groups, &mut s5, count, d);
+                    }
+                    assert_eq!(bits(&s2), bits(&s5), "scores, d {d}, {count} queries");
+                    let p = rand(count * KEY_TILE, seed);
+                    let correction = rand(count, seed);
+                    let start = rand(count * d, seed);
+                    for n in [KEY_TILE, 37, 1] {
+                        let (mut o2, mut o5) = (start.clone(), start.clone());
+                        // SAFETY: as above.
+                        unsafe {
+                            avx2::weighted_values(&p, &groups, &correction, &mut o2, count, d, n);
+                            avx512::weighted_values(&p, &groups, &correction, &mut o5, count, d, n);
+                        }
+                        assert_eq!(
+                            bits(&o2),
+                            bits(&o5),
+                            "values, d {d}, {count} queries, {n} keys"
+                        );
+                    }
+                }
+            }
+        }
+        fn bits(x: &[f32]) -> Vec<u32> {
+            x.iter().map(|v| v.to_bits()).collect()
+        }
+        let mut seed = 5;
+        check::<f32>(&mut seed);
+        check::<half::f16>(&mut seed);
+        check::<half::bf16>(&mut seed);
     }
 
     #[test]

@@ -83,6 +83,18 @@ pub(super) fn has_avx512_vnni() -> bool {
     })
 }
 
+/// AVX-512F beside AVX2 (the attention tiles' wider kernels). `APHRO_NO_AVX512` turns
+/// them off, to compare the two paths on one machine.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512f() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        has_avx2()
+            && is_x86_feature_detected!("avx512f")
+            && std::env::var_os("APHRO_NO_AVX512").is_none()
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
