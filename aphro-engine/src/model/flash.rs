@@ -682,6 +682,18 @@ mod tile_products {
         }
     }
 
+    /// The value row of each of a tile's first `keys` keys (the rest null), for the SIMD
+    /// value kernels. Callers have checked each group holds its rows.
+    #[cfg(target_arch = "x86_64")]
+    fn value_rows<T>(groups: &[KeyGroup<'_, T>; GROUPS], keys: usize) -> [*const T; KEY_TILE] {
+        let mut rows = [std::ptr::null::<T>(); KEY_TILE];
+        for (t, row) in rows.iter_mut().enumerate().take(keys) {
+            let kg = &groups[t / GROUP];
+            *row = kg.v[(t % GROUP) * kg.v_stride..].as_ptr();
+        }
+        rows
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     pub(super) mod avx2 {
@@ -811,12 +823,7 @@ mod tile_products {
             d: usize,
             keys: usize,
         ) {
-            // Value row of key t.
-            let mut rows = [std::ptr::null::<T>(); KEY_TILE];
-            for (t, row) in rows.iter_mut().enumerate().take(keys) {
-                let kg = &groups[t / GROUP];
-                *row = kg.v.as_ptr().add((t % GROUP) * kg.v_stride);
-            }
+            let rows = super::value_rows(groups, keys);
             let rows = &rows[..keys];
             let mut i = 0;
             while i < count {
@@ -1023,11 +1030,7 @@ mod tile_products {
             d: usize,
             keys: usize,
         ) {
-            let mut rows = [std::ptr::null::<T>(); KEY_TILE];
-            for (t, row) in rows.iter_mut().enumerate().take(keys) {
-                let kg = &groups[t / GROUP];
-                *row = kg.v.as_ptr().add((t % GROUP) * kg.v_stride);
-            }
+            let rows = super::value_rows(groups, keys);
             let rows = &rows[..keys];
             let mut i = 0;
             while i < count {
