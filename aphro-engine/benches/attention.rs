@@ -32,9 +32,9 @@ fn run<T: KvElement>(name: &str, seqs: &[(usize, usize)], shape: &AttnShape, see
     );
     let blocks_each: Vec<usize> = seqs.iter().map(|&(s, l)| (s + l).div_ceil(bs)).collect();
     let total_blocks: usize = blocks_each.iter().sum();
-    let widen = |x: Vec<f32>| x.into_iter().map(T::from_f32).collect::<Vec<T>>();
-    let kc = widen(rand(total_blocks * bs * kvh * d, seed));
-    let vc = widen(rand(total_blocks * bs * kvh * d, seed));
+    let store = |x: Vec<f32>| x.into_iter().map(T::from_f32).collect::<Vec<T>>();
+    let kc = store(rand(total_blocks * bs * kvh * d, seed));
+    let vc = store(rand(total_blocks * bs * kvh * d, seed));
     let mut tables = Vec::new();
     let mut next = 0u32;
     for &n in &blocks_each {

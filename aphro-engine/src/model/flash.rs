@@ -3,11 +3,12 @@
 //! A naive kernel reads every key and value of the context once per query row: a 4k-token
 //! prefill streams the cache 4k times per layer and spends as long in `exp` as in the dot
 //! products. Here a *block* of query rows (the query heads of one KV head) walks the context
-//! one key tile at a time: scores come from a register-blocked kernel (four queries by
-//! sixteen keys per step), softmax is computed online (running max and sum per query, the
-//! output rescaled when the max grows) with a vectorised `exp`, and the weighted values from
-//! a second register-blocked kernel. The result equals softmax(QKᵀ)V within float rounding;
-//! `tests` hold it to the burn-op reference.
+//! one key tile at a time: scores come from a register-blocked kernel (eight queries by
+//! 32 keys per step with AVX-512, four by sixteen with AVX2), softmax is computed online
+//! (running max and sum per query, the output rescaled when the max grows) with a
+//! vectorised `exp`, and the weighted values from a second register-blocked kernel. The
+//! result equals softmax(QKᵀ)V within float rounding; `tests` hold it to the burn-op
+//! reference.
 //!
 //! **The CPU key layout.** Each cache block keeps its keys transposed: the block's
 //! `block_size * kv_dim` floats are `[kv_dim][block_size]` (dimension-major), written by
@@ -585,11 +586,11 @@ impl KvElement for half::bf16 {
     }
 }
 
-/// The two products of a tile, `S = Q Kᵀ` and `O = c ⊙ O + P V`, register-blocked over four
-/// queries at a time. Every element is computed with the same operations in the same order
-/// (a fused multiply-add chain over the head dimension, or over the keys) whatever the
-/// blocking, so a query's result never depends on which queries share its block; the AVX2
-/// path and the portable one agree bit for bit.
+/// The two products of a tile, `S = Q Kᵀ` and `O = c ⊙ O + P V`, register-blocked over eight
+/// (AVX-512) or four (AVX2) queries at a time. Every element is computed with the same
+/// operations in the same order (a fused multiply-add chain over the head dimension, or over
+/// the keys) whatever the blocking, so a query's result never depends on which queries share
+/// its block; the AVX-512, AVX2 and portable paths agree bit for bit.
 mod tile_products {
     use super::{KeyGroup, KvElement, GROUP, GROUPS, KEY_TILE};
 
