@@ -22,8 +22,19 @@ fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
 }
 
 /// One case: `(name, [(start_pos, q_len)] per sequence)`; every sequence owns its own blocks.
-/// `T` is the cache element (`f32`, or `half::f16` as `--kv-cache-dtype float16` stores it).
+/// `T` is the cache element (`f32`, or `half::f16` / `half::bf16` as `--kv-cache-dtype
+/// float16 | bfloat16` stores it; a bf16 cache takes the AVX-512 BF16 kernels where the CPU has
+/// them).
+/// Cases whose name contains one of the command line's words run (all without words), so a
+/// profile can cover one case: `cargo bench ... --bench attention -- "bf16 cache"`.
 fn run<T: KvElement>(name: &str, seqs: &[(usize, usize)], shape: &AttnShape, seed: &mut u64) {
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if !words.is_empty() && !words.iter().any(|w| name.contains(w.as_str())) {
+        return;
+    }
     let (h, kvh, d, bs) = (
         shape.num_heads,
         shape.num_kv_heads,
@@ -99,8 +110,26 @@ fn main() {
         &shape,
         &mut seed,
     );
+    run::<half::bf16>(
+        "prefill 2048 from 0, bf16 cache",
+        &[(0, 2048)],
+        &shape,
+        &mut seed,
+    );
     run::<f32>(
         "prefill chunk 512 at 7680",
+        &[(7680, 512)],
+        &shape,
+        &mut seed,
+    );
+    run::<half::f16>(
+        "prefill chunk 512 at 7680, f16 cache",
+        &[(7680, 512)],
+        &shape,
+        &mut seed,
+    );
+    run::<half::bf16>(
+        "prefill chunk 512 at 7680, bf16 cache",
         &[(7680, 512)],
         &shape,
         &mut seed,

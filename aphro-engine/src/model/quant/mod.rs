@@ -35,7 +35,7 @@ pub use kernels::dot_f32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kernels::has_avx2;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use kernels::has_avx512f;
+pub(crate) use kernels::{has_avx512bf16, has_avx512f};
 pub use matrix::{dense_matmul, QuantMatrix};
 pub use packed::GROUP;
 pub use repack::q5_0_to_q8_0;

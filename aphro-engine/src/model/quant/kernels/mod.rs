@@ -95,6 +95,19 @@ pub(crate) fn has_avx512f() -> bool {
     })
 }
 
+/// AVX-512 BF16 (`vdpbf16ps`, two bf16 products per f32 lane) beside AVX-512F: the
+/// attention tiles' dot-product kernels for a bfloat16 KV cache. `APHRO_NO_AVX512` turns it
+/// off with the rest of AVX-512, `APHRO_NO_AVX512_BF16` alone.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512bf16() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        has_avx512f()
+            && is_x86_feature_detected!("avx512bf16")
+            && std::env::var_os("APHRO_NO_AVX512_BF16").is_none()
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
