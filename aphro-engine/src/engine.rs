@@ -120,6 +120,12 @@ enum Command {
 
 struct Shared {
     metrics: Mutex<MetricsSnapshot>,
+    /// Tokens the streams handed to their consumers: the reported
+    /// `generation_tokens_total`. vLLM counts generated tokens in its frontend, for requests
+    /// still live there; a stop string ends a request in the serving layer, and the abort
+    /// reaches the engine a step later, so the core's count of sampled tokens can run one
+    /// step past what the client got.
+    delivered_tokens: AtomicU64,
     dead: AtomicBool,
     dead_reason: Mutex<Option<String>>,
 }
@@ -195,6 +201,7 @@ impl Engine {
         let limits = core.validation_limits();
         let shared = Arc::new(Shared {
             metrics: Mutex::new(core.metrics().clone()),
+            delivered_tokens: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             dead_reason: Mutex::new(None),
         });
@@ -266,6 +273,7 @@ impl Engine {
             cmd: self.sender(),
             remaining_choices: n,
             done: false,
+            shared: Arc::clone(&self.shared),
         };
         let reject = |stream: &mut GenerateStream, tx: UnboundedSender<Item>, e: EngineError| {
             let _ = tx.send(Err(e));
@@ -312,11 +320,20 @@ impl Engine {
 
     /// A copy of the current metrics.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.shared
+        let m = self
+            .shared
             .metrics
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .clone();
+        self.with_delivered_tokens(m)
+    }
+
+    /// `generation_tokens_total` as vLLM reports it: the tokens streams delivered (see
+    /// `Shared::delivered_tokens`), not every token the core sampled.
+    fn with_delivered_tokens(&self, mut m: MetricsSnapshot) -> MetricsSnapshot {
+        m.generation_tokens_total = self.shared.delivered_tokens.load(Ordering::Relaxed);
+        m
     }
 
     /// Metrics after every command sent before this call (aborts included) took effect.
@@ -326,7 +343,7 @@ impl Engine {
         if let Some(cmd) = self.sender() {
             if cmd.send(Command::Snapshot(tx)).is_ok() {
                 if let Ok(m) = rx.recv() {
-                    return m;
+                    return self.with_delivered_tokens(m);
                 }
             }
         }
@@ -416,6 +433,7 @@ pub struct GenerateStream {
     cmd: Option<Sender<Command>>,
     remaining_choices: usize,
     done: bool,
+    shared: Arc<Shared>,
 }
 
 impl GenerateStream {
@@ -431,10 +449,15 @@ impl Stream for GenerateStream {
         let polled = self.rx.poll_recv(cx);
         match &polled {
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.done = true,
-            Poll::Ready(Some(Ok(out))) if out.finished() => {
-                self.remaining_choices = self.remaining_choices.saturating_sub(1);
-                if self.remaining_choices == 0 {
-                    self.done = true;
+            Poll::Ready(Some(Ok(out))) => {
+                self.shared
+                    .delivered_tokens
+                    .fetch_add(out.token_ids.len() as u64, Ordering::Relaxed);
+                if out.finished() {
+                    self.remaining_choices = self.remaining_choices.saturating_sub(1);
+                    if self.remaining_choices == 0 {
+                        self.done = true;
+                    }
                 }
             }
             _ => {}

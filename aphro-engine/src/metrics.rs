@@ -119,6 +119,8 @@ pub struct MetricsSnapshot {
     pub prefix_cache_hits: u64,
     pub num_preemptions: u64,
     pub prompt_tokens_total: u64,
+    /// Tokens sampled, as the core counts them; `Engine`'s snapshots report the tokens its
+    /// streams delivered instead (vLLM's frontend count: nothing past a stop string).
     pub generation_tokens_total: u64,
     /// `vllm:request_success_total{finished_reason}` by "stop" / "length" / "abort".
     pub request_success: BTreeMap<&'static str, u64>,

@@ -118,6 +118,34 @@ fn abort_and_dropped_streams_free_blocks() {
 }
 
 #[test]
+fn generation_tokens_count_what_the_consumer_took() {
+    // vLLM counts generated tokens in its frontend: a consumer that stops reading (as a stop
+    // string does, a step before its abort reaches the engine) is not charged for the tokens
+    // the engine sampled past that point.
+    let (e, gate, _open) = gated_engine(64);
+    let mut s = e.generate(greedy("stopped", prompt(6, 10), Some(12)));
+    gate.allow(4);
+    for _ in 0..2 {
+        block_on(s.next()).expect("item").expect("ok");
+    }
+    // The engine runs ahead of the consumer: four tokens sampled (three inter-token gaps).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while e.metrics().inter_token_latency.count < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the engine never ran its four steps"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(s);
+    gate.open();
+    let m = e.metrics_synced();
+    assert!(m.inter_token_latency.count >= 3);
+    assert_eq!(m.generation_tokens_total, 2);
+    assert_eq!(m.kv_blocks_in_use, 0);
+}
+
+#[test]
 fn dropping_the_stream_aborts_the_request() {
     // A client that goes away: dropping the stream aborts the request.
     let (e, gate, _open) = gated_engine(64);
