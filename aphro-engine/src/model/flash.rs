@@ -1428,8 +1428,42 @@ mod bf16_dot {
             *(p as *mut [f32; 16]) = std::mem::transmute::<__m512, [f32; 16]>(v);
         }
 
+        /// The register block both products are made of: for `N` queries `j` and 32 lanes,
+        /// `acc[j] += Σ_s x[j][s] · y[s]` over `steps` pairs, where `x[j][s]` (one pair, in
+        /// every lane) is at `x + j * x_row + s` and `y[s]` (32 lanes, two vectors) at
+        /// `y + s * y_step`. The accumulators start at `acc` and end at `out + j * out_row`.
+        /// Each lane is one chain of `vdpbf16ps` over the steps whatever `N`, so a query's
+        /// result does not depend on the block it rode in.
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        #[inline]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn block<const N: usize>(
+            mut acc: [[__m512; 2]; N],
+            x: *const u32,
+            x_row: usize,
+            y: *const u32,
+            y_step: usize,
+            steps: usize,
+            out: *mut f32,
+            out_row: usize,
+        ) {
+            for s in 0..steps {
+                let y0 = ld(y.add(s * y_step));
+                let y1 = ld(y.add(s * y_step + 16));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let xs = splat(x.add(j * x_row + s));
+                    a[0] = _mm512_dpbf16_ps(a[0], xs, y0);
+                    a[1] = _mm512_dpbf16_ps(a[1], xs, y1);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                st(out.add(j * out_row), a[0]);
+                st(out.add(j * out_row + 16), a[1]);
+            }
+        }
+
         /// `q`: `[count][h]` query pairs; `k`: `[h][KEY_TILE]` key pairs; `s`:
-        /// `[count][KEY_TILE]`.
+        /// `[count][KEY_TILE]`. 32 keys at a time, over eight queries or one.
         #[target_feature(enable = "avx512f,avx512bf16")]
         pub(super) unsafe fn scores(
             q: *const u32,
@@ -1438,58 +1472,43 @@ mod bf16_dot {
             count: usize,
             h: usize,
         ) {
+            let zero = [_mm512_setzero_ps(); 2];
             for half in 0..2 {
                 let k = k.add(half * 32);
                 let mut i = 0;
                 while i < count {
                     let (qp, sp) = (q.add(i * h), s.add(i * KEY_TILE + half * 32));
                     if count - i >= QB {
-                        scores8(qp, k, sp, h);
+                        block([zero; QB], qp, h, k, KEY_TILE, h, sp, KEY_TILE);
                         i += QB;
                     } else {
-                        scores1(qp, k, sp, h);
+                        block([zero; 1], qp, h, k, KEY_TILE, h, sp, KEY_TILE);
                         i += 1;
                     }
                 }
             }
         }
 
-        #[target_feature(enable = "avx512f,avx512bf16")]
+        /// `N` queries' outputs `c..c + 32` (`out` points at the first one's `c`, rows `d`
+        /// apart), each times its correction.
+        #[target_feature(enable = "avx512f")]
         #[inline]
-        unsafe fn scores8(q: *const u32, k: *const u32, s: *mut f32, h: usize) {
-            let mut a = [_mm512_setzero_ps(); QB];
-            let mut b = [_mm512_setzero_ps(); QB];
-            for c in 0..h {
-                let k0 = ld(k.add(c * KEY_TILE));
-                let k1 = ld(k.add(c * KEY_TILE + 16));
-                for j in 0..QB {
-                    let x = splat(q.add(j * h + c));
-                    a[j] = _mm512_dpbf16_ps(a[j], x, k0);
-                    b[j] = _mm512_dpbf16_ps(b[j], x, k1);
-                }
+        unsafe fn rescaled<const N: usize>(
+            out: *const f32,
+            d: usize,
+            correction: *const f32,
+        ) -> [[__m512; 2]; N] {
+            let mut acc = [[_mm512_setzero_ps(); 2]; N];
+            for (j, a) in acc.iter_mut().enumerate() {
+                let scale = _mm512_set1_ps(*correction.add(j));
+                a[0] = _mm512_mul_ps(ldf(out.add(j * d)), scale);
+                a[1] = _mm512_mul_ps(ldf(out.add(j * d + 16)), scale);
             }
-            for j in 0..QB {
-                st(s.add(j * KEY_TILE), a[j]);
-                st(s.add(j * KEY_TILE + 16), b[j]);
-            }
-        }
-
-        #[target_feature(enable = "avx512f,avx512bf16")]
-        #[inline]
-        unsafe fn scores1(q: *const u32, k: *const u32, s: *mut f32, h: usize) {
-            let mut a = _mm512_setzero_ps();
-            let mut b = _mm512_setzero_ps();
-            for c in 0..h {
-                let x = splat(q.add(c));
-                a = _mm512_dpbf16_ps(a, x, ld(k.add(c * KEY_TILE)));
-                b = _mm512_dpbf16_ps(b, x, ld(k.add(c * KEY_TILE + 16)));
-            }
-            st(s, a);
-            st(s.add(16), b);
+            acc
         }
 
         /// `w`: `[count][KEY_TILE / 2]` weight pairs; `v`: `[pairs][d]` value pairs;
-        /// `out`: `[count][d]`.
+        /// `out`: `[count][d]`. 32 output dimensions at a time, over eight queries or one.
         #[target_feature(enable = "avx512f,avx512bf16")]
         pub(super) unsafe fn weighted_values(
             w: *const u32,
@@ -1500,74 +1519,24 @@ mod bf16_dot {
             d: usize,
             pairs: usize,
         ) {
+            let row = KEY_TILE / 2;
             let mut i = 0;
             while i < count {
-                let (wp, cp, op) = (w.add(i * KEY_TILE / 2), correction.add(i), out.add(i * d));
-                let block = if count - i >= QB { QB } else { 1 };
-                for c in (0..d).step_by(32) {
-                    if block == QB {
-                        values8(wp, v.add(c), pairs, cp, op.add(c), d);
-                    } else {
-                        values1(wp, v.add(c), pairs, cp, op.add(c), d);
+                let (wp, cp, op) = (w.add(i * row), correction.add(i), out.add(i * d));
+                if count - i >= QB {
+                    for c in (0..d).step_by(32) {
+                        let acc = rescaled::<QB>(op.add(c), d, cp);
+                        block(acc, wp, row, v.add(c), d, pairs, op.add(c), d);
                     }
-                }
-                i += block;
-            }
-        }
-
-        /// Output dimensions `c..c + 32` of eight queries (`v` and `out` point at `c`).
-        #[target_feature(enable = "avx512f,avx512bf16")]
-        #[inline]
-        unsafe fn values8(
-            w: *const u32,
-            v: *const u32,
-            pairs: usize,
-            correction: *const f32,
-            out: *mut f32,
-            d: usize,
-        ) {
-            let mut a = [_mm512_setzero_ps(); QB];
-            let mut b = [_mm512_setzero_ps(); QB];
-            for j in 0..QB {
-                let scale = _mm512_set1_ps(*correction.add(j));
-                a[j] = _mm512_mul_ps(ldf(out.add(j * d)), scale);
-                b[j] = _mm512_mul_ps(ldf(out.add(j * d + 16)), scale);
-            }
-            for t in 0..pairs {
-                let v0 = ld(v.add(t * d));
-                let v1 = ld(v.add(t * d + 16));
-                for j in 0..QB {
-                    let x = splat(w.add(j * KEY_TILE / 2 + t));
-                    a[j] = _mm512_dpbf16_ps(a[j], x, v0);
-                    b[j] = _mm512_dpbf16_ps(b[j], x, v1);
+                    i += QB;
+                } else {
+                    for c in (0..d).step_by(32) {
+                        let acc = rescaled::<1>(op.add(c), d, cp);
+                        block(acc, wp, row, v.add(c), d, pairs, op.add(c), d);
+                    }
+                    i += 1;
                 }
             }
-            for j in 0..QB {
-                st(out.add(j * d), a[j]);
-                st(out.add(j * d + 16), b[j]);
-            }
-        }
-
-        #[target_feature(enable = "avx512f,avx512bf16")]
-        #[inline]
-        unsafe fn values1(
-            w: *const u32,
-            v: *const u32,
-            pairs: usize,
-            correction: *const f32,
-            out: *mut f32,
-            d: usize,
-        ) {
-            let scale = _mm512_set1_ps(*correction);
-            let mut a = _mm512_mul_ps(ldf(out), scale);
-            let mut b = _mm512_mul_ps(ldf(out.add(16)), scale);
-            for t in 0..pairs {
-                let x = splat(w.add(t));
-                a = _mm512_dpbf16_ps(a, x, ld(v.add(t * d)));
-                b = _mm512_dpbf16_ps(b, x, ld(v.add(t * d + 16)));
-            }
-            st(out, a);
-            st(out.add(16), b);
         }
     }
 }
