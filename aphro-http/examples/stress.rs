@@ -160,22 +160,24 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
 }
 
-/// A maximal body on one route, twelve times: the peak RSS rise of a request against the body
-/// size, and whether memory comes back: what the last six leave on top of the first six
-/// (less than one body, or 16 MiB). The first requests pay the allocator's one-time growth of
-/// its arenas (one per thread that handles a body, so it takes a few requests to saturate:
-/// three were seen to leave 17 MiB more on a loaded machine), which stays with any allocator
-/// and is no leak; a leak of the body grows with every request, by 6 bodies over the last six.
+/// A maximal body on one route, eighteen times: the peak RSS rise of a request against the
+/// body size, and whether memory comes back. A leak of the body grows with every request: by
+/// six bodies over each six requests. The allocator's growth of its arenas (one per thread
+/// that handles a body, so it takes a few requests to saturate; loaded machines have seen 17
+/// and 22 MiB arrive as late as the 12th request) happens once and is no leak. So the goal is
+/// on the smaller growth of the two last sixes (7th–12th, 13th–18th), each less than one
+/// body or 16 MiB: a leak exceeds it in both, a one-time step in one of them only.
 fn max_body(s: &Server, path: &str, body: Vec<u8>) -> Row {
     let pid = s.child.id();
     std::thread::sleep(Duration::from_millis(300));
     let start = mem(pid, "VmRSS:");
     let size = body.len() as u64;
+    let limit = size.max(16 << 20);
     let mut rise = 0u64;
     let mut after = Vec::new();
     let mut status = 0;
     let mut took = Duration::ZERO;
-    for _ in 0..12 {
+    for _ in 0..18 {
         let before = mem(pid, "VmRSS:");
         reset_peak(pid);
         let t = Instant::now();
@@ -185,25 +187,27 @@ fn max_body(s: &Server, path: &str, body: Vec<u8>) -> Row {
         std::thread::sleep(Duration::from_millis(500));
         after.push(mem(pid, "VmRSS:"));
     }
+    // Each six's baseline is the highest RSS before it (a dip must not count as growth
+    // later).
+    let base6 = after[..6].iter().copied().fold(start, u64::max);
+    let base12 = after[6..12].iter().copied().fold(base6, u64::max);
+    let first = base12 - base6;
     // The allocator hands pages back on its own schedule, later on a loaded machine: the
     // memory that stays is the lowest RSS seen over a few seconds of quiet, not one sample.
-    // Baseline: the highest RSS before the 7th request (after the warm-up requests, or
-    // before them when they left it lower): a dip must not count as growth later.
-    let warm = after[..6].iter().copied().fold(start, u64::max);
-    let mut settled = after[11];
+    let mut settled = after[17];
     let quiet = Instant::now();
-    while settled.saturating_sub(warm) >= size.max(16 << 20)
+    while first.min(settled.saturating_sub(base12)) >= limit
         && quiet.elapsed() < Duration::from_secs(5)
     {
         std::thread::sleep(Duration::from_millis(250));
         settled = settled.min(mem(pid, "VmRSS:"));
     }
-    let growth = settled.saturating_sub(warm);
-    let ok = rise < 10 * size && growth < size.max(16 << 20);
+    let second = settled.saturating_sub(base12);
+    let ok = rise < 10 * size && first.min(second) < limit;
     Row {
-        attack: format!("{:.0} MiB body to {path} (x12)", mib(size)),
+        attack: format!("{:.0} MiB body to {path} (x18)", mib(size)),
         measured: format!(
-            "HTTP {status} in <= {:.2} s; peak RSS +{:.0} MiB ({:.1}x body); RSS {:.0} -> {:.0} (1st) -> {:.0} (6th) -> {:.0} (12th) -> {:.0} MiB (settled); {:.0} MiB baseline",
+            "HTTP {status} in <= {:.2} s; peak RSS +{:.0} MiB ({:.1}x body); RSS {:.0} -> {:.0} (1st) -> {:.0} (6th) -> {:.0} (12th) -> {:.0} (18th) -> {:.0} MiB (settled); +{:.0} / +{:.0} MiB over the last two sixes",
             took.as_secs_f64(),
             mib(rise),
             rise as f64 / size as f64,
@@ -211,10 +215,12 @@ fn max_body(s: &Server, path: &str, body: Vec<u8>) -> Row {
             mib(after[0]),
             mib(after[5]),
             mib(after[11]),
+            mib(after[17]),
             mib(settled),
-            mib(warm)
+            mib(first),
+            mib(second)
         ),
-        goal: "peak < 10x body; < max(body, 16 MiB) stays after the 6th".into(),
+        goal: "peak < 10x body; < max(body, 16 MiB) stays over one of the last two sixes".into(),
         ok,
     }
 }
