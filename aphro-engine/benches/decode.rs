@@ -131,33 +131,69 @@ fn main() {
     );
 }
 
-/// GEMV/GEMM throughput of one FFN matrix, quantized vs dequantized (GB/s of weights read).
-fn kernels(path: &std::path::Path) {
-    use aphro_engine::model::quant::{dense_matmul, QuantMatrix, QuantType};
-    let g = aphro_core::gguf::GgufFile::open(path).expect("gguf");
-    let info = g.tensor_info("blk.0.ffn_up.weight").expect("tensor");
-    let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
-    let q = QuantMatrix::new(QuantType::Q4_1, rows, cols, g.tensor_data(info).to_vec()).expect("q");
-    let w = q.dequantize();
-    for tokens in [1usize, 128] {
-        let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 13) as f32 * 0.01).collect();
-        let iters = if tokens == 1 { 2000 } else { 20 };
-        let t = Instant::now();
-        for _ in 0..iters {
-            std::hint::black_box(q.matmul(&x, tokens));
+/// GEMV/GEMM throughput of quantized matrices against the f32 dense matmul (GMAC/s).
+/// `APHRO_BENCH_MODEL` picks another GGUF and `APHRO_BENCH_TENSORS` (comma-separated)
+/// its tensors; `APHRO_BENCH_TOKENS` the token counts (default `1,128`).
+fn kernels(default: &std::path::Path) {
+    use aphro_core::gguf::GgmlType;
+    use aphro_engine::model::quant::{dense_matmul, q5_0_to_q8_0, QuantMatrix, QuantType};
+    let path = std::env::var_os("APHRO_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| default.to_path_buf());
+    let names =
+        std::env::var("APHRO_BENCH_TENSORS").unwrap_or_else(|_| "blk.0.ffn_up.weight".into());
+    let tokens: Vec<usize> = std::env::var("APHRO_BENCH_TOKENS")
+        .unwrap_or_else(|_| "1,128".into())
+        .split(',')
+        .map(|t| t.trim().parse().expect("token count"))
+        .collect();
+    // MACs per measurement (`APHRO_BENCH_GMACS`, default 2).
+    let macs = std::env::var("APHRO_BENCH_GMACS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(2.0)
+        * 1e9;
+    let g = aphro_core::gguf::GgufFile::open(&path).expect("gguf");
+    for name in names.split(',') {
+        let info = g.tensor_info(name.trim()).expect("tensor");
+        let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
+        let raw = g.tensor_data(info).to_vec();
+        let (ty, bytes) = match info.ggml_type {
+            GgmlType::Q5_0 => (QuantType::Q8_0, q5_0_to_q8_0(&raw)),
+            GgmlType::Q8_0 => (QuantType::Q8_0, raw),
+            GgmlType::Q4_0 => (QuantType::Q4_0, raw),
+            GgmlType::Q4_1 => (QuantType::Q4_1, raw),
+            GgmlType::Q5_1 => (QuantType::Q5_1, raw),
+            GgmlType::Q4K => (QuantType::Q4K, raw),
+            GgmlType::Q5K => (QuantType::Q5K, raw),
+            GgmlType::Q6K => (QuantType::Q6K, raw),
+            other => panic!("{name}: no fused kernel for {other}"),
+        };
+        let q = QuantMatrix::new(ty, rows, cols, bytes).expect("q");
+        // `APHRO_BENCH_QUANT_ONLY` skips the f32 comparison (for a profile of the kernels).
+        let dense = std::env::var_os("APHRO_BENCH_QUANT_ONLY").is_none();
+        let w = if dense { q.dequantize() } else { Vec::new() };
+        for &tokens in &tokens {
+            let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 13) as f32 * 0.01).collect();
+            let iters = (macs / (rows * cols * tokens) as f64).ceil().max(3.0) as usize;
+            let t = Instant::now();
+            for _ in 0..iters {
+                std::hint::black_box(q.matmul(&x, tokens));
+            }
+            let tq = t.elapsed().as_secs_f64() / iters as f64;
+            let t = Instant::now();
+            let dense_iters = if dense { iters.div_ceil(4) } else { 0 };
+            for _ in 0..dense_iters {
+                std::hint::black_box(dense_matmul(&w, rows, cols, &x, tokens));
+            }
+            let td = t.elapsed().as_secs_f64() / dense_iters.max(1) as f64;
+            println!(
+                "{name} {rows}x{cols} {ty:?} tokens={tokens}: {:.1} us ({:.1} GMAC/s), f32 {:.1} us ({:.1} GMAC/s)",
+                tq * 1e6,
+                (rows * cols * tokens) as f64 / tq / 1e9,
+                td * 1e6,
+                (rows * cols * tokens) as f64 / td / 1e9
+            );
         }
-        let tq = t.elapsed().as_secs_f64() / iters as f64;
-        let t = Instant::now();
-        for _ in 0..iters {
-            std::hint::black_box(dense_matmul(&w, rows, cols, &x, tokens));
-        }
-        let td = t.elapsed().as_secs_f64() / iters as f64;
-        println!(
-            "{rows}x{cols} tokens={tokens}: q4_1 {:.1} us ({:.1} GMAC/s), f32 {:.1} us ({:.1} GMAC/s)",
-            tq * 1e6,
-            (rows * cols * tokens) as f64 / tq / 1e9,
-            td * 1e6,
-            (rows * cols * tokens) as f64 / td / 1e9
-        );
     }
 }

@@ -5,6 +5,8 @@
 use half::f16;
 use rayon::prelude::*;
 
+use super::packed::{BLOCK, LANE_BYTES};
+
 /// Activations quantized to 8 bits per 32-block, once per matmul input (ggml's `Q8_0` /
 /// `Q8_1`): `x ≈ d * q`, and `s = d * sum(q)` for the `m` term of Q4_1. The integer dot of
 /// weight quants and activation quants is exact, so only the per-block scaling is float.
@@ -76,6 +78,96 @@ impl Q8Acts {
             s: &self.s[t * nb..(t + 1) * nb],
             sum: &self.sum[t * nb..(t + 1) * nb],
         }
+    }
+}
+
+/// The most activation rows one group-kernel call takes (see [`Q8Tile`]).
+pub(crate) const MAX_TILE: usize = 8;
+
+/// 4-byte activation words per 32-column block.
+pub(crate) const WORDS: usize = BLOCK / LANE_BYTES;
+
+/// Up to [`MAX_TILE`] rows of [`Q8Acts`] interleaved for the group kernels, which multiply
+/// every row of a tile by each weight vector they unpack: word `w` of block `i` of row `t`
+/// at `words[(i * WORDS + w) * MAX_TILE + t]` and the per-block values at
+/// `[i * MAX_TILE + t]`, so one pointer and constant offsets reach every row (with one
+/// pointer per row, eight rows' pointers spill out of the registers). Rows past `rows` are
+/// zero. Besides each block's `d`, `s` and exact `sum(q)`, it keeps the terms the kernels
+/// would otherwise recompute per weight group: `d * sum` (the K-quants' `M` term) and the
+/// biases `128 * sum` of the VNNI kernels' unsigned weight form, for the whole block and
+/// for each 16-column half (Q6_K).
+#[derive(Debug, Clone)]
+pub(crate) struct Q8Tile {
+    pub(crate) rows: usize,
+    pub(crate) blocks: usize,
+    pub(crate) words: Vec<i32>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) s: Vec<f32>,
+    pub(crate) sum: Vec<i32>,
+    pub(crate) d_sum: Vec<f32>,
+    pub(crate) bias: Vec<i32>,
+    pub(crate) bias_lo: Vec<i32>,
+    pub(crate) bias_hi: Vec<i32>,
+}
+
+/// What the VNNI kernels add to a signed weight byte to read it as unsigned (an xor with
+/// `0x80`); each product then carries `UNSIGNED_BIAS * x`, taken out once per block as
+/// `UNSIGNED_BIAS * sum(x)`. Exact: `|w·x| + 128·|sum(x)|` stays far inside i32.
+pub(crate) const UNSIGNED_BIAS: i32 = 128;
+
+impl Q8Tile {
+    /// Rows `t0..t0 + rows` of `acts` (`rows <= MAX_TILE`).
+    pub(crate) fn new(acts: &Q8Acts, t0: usize, rows: usize) -> Self {
+        assert!(rows <= MAX_TILE);
+        let nb = acts.cols / BLOCK;
+        let per_block = nb * MAX_TILE;
+        let mut t = Self {
+            rows,
+            blocks: nb,
+            words: vec![0; per_block * WORDS],
+            d: vec![0.0; per_block],
+            s: vec![0.0; per_block],
+            sum: vec![0; per_block],
+            d_sum: vec![0.0; per_block],
+            bias: vec![0; per_block],
+            bias_lo: vec![0; per_block],
+            bias_hi: vec![0; per_block],
+        };
+        for r in 0..rows {
+            let a = acts.row(t0 + r);
+            for i in 0..nb {
+                let at = i * MAX_TILE + r;
+                let q = &a.qs[i * BLOCK..(i + 1) * BLOCK];
+                for (w, word) in q.chunks_exact(LANE_BYTES).enumerate() {
+                    let bytes = [word[0] as u8, word[1] as u8, word[2] as u8, word[3] as u8];
+                    t.words[(i * WORDS + w) * MAX_TILE + r] = i32::from_le_bytes(bytes);
+                }
+                let lo: i32 = q[..BLOCK / 2].iter().map(|&v| v as i32).sum();
+                t.d[at] = a.d[i];
+                t.s[at] = a.s[i];
+                t.sum[at] = a.sum[i];
+                t.d_sum[at] = a.d[i] * a.sum[i] as f32;
+                t.bias[at] = UNSIGNED_BIAS * a.sum[i];
+                t.bias_lo[at] = UNSIGNED_BIAS * lo;
+                t.bias_hi[at] = UNSIGNED_BIAS * (a.sum[i] - lo);
+            }
+        }
+        t
+    }
+
+    /// Every row of `acts` in tiles of `width` rows.
+    pub(crate) fn split(acts: &Q8Acts, tokens: usize, width: usize) -> Vec<Self> {
+        (0..tokens)
+            .step_by(width.max(1))
+            .map(|t0| Self::new(acts, t0, width.min(tokens - t0)))
+            .collect()
+    }
+
+    /// Activation byte `c` (of 32) of block `i` of row `t`.
+    #[inline(always)]
+    pub(crate) fn q(&self, t: usize, i: usize, c: usize) -> i8 {
+        let word = self.words[(i * WORDS + c / LANE_BYTES) * MAX_TILE + t];
+        word.to_le_bytes()[c % LANE_BYTES] as i8
     }
 }
 

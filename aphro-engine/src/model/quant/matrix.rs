@@ -6,10 +6,10 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::activation::Q8Acts;
+use super::activation::{Q8Acts, Q8Tile};
 use super::dequant::{dequantize_into, dequantize_packed};
 use super::format::{QuantError, QuantType};
-use super::kernels::{dot_f32, group_dot};
+use super::kernels::{dot_f32, group_dot, tile_width, MAX_TILE};
 use super::packed::{Packing, BLOCK, GROUP};
 use super::repack::{pack, unpack_classic_row};
 
@@ -232,7 +232,9 @@ impl QuantMatrix {
                 tasks.push((m, p, i * groups_per_task, slices));
             }
         }
-        let run = |(m, p, g0, mut out): Task<'_>| m.fill_groups(p, acts, g0, &mut out);
+        // The activations in the kernels' tiles, once for every matrix and task.
+        let tiles = Q8Tile::split(acts, tokens, tile_width());
+        let run = |(m, p, g0, mut out): Task<'_>| m.fill_groups(p, &tiles, g0, &mut out);
         if tasks.len() > 1 {
             tasks.into_par_iter().for_each(run);
         } else {
@@ -242,37 +244,37 @@ impl QuantMatrix {
     }
 
     /// Rows of groups `g0..` into `out` (per token, that token's output for those rows: as
-    /// many groups as the slices hold); `p` is this matrix's packing.
-    fn fill_groups(&self, p: Packing, acts: &Q8Acts, g0: usize, out: &mut [&mut [f32]]) {
+    /// many groups as the slices hold); `p` is this matrix's packing, `tiles` the
+    /// activations.
+    fn fill_groups(&self, p: Packing, tiles: &[Q8Tile], g0: usize, out: &mut [&mut [f32]]) {
         let nb = self.blocks_per_row();
         let gbb = p.group_block_bytes();
-        let tokens = out.len();
         let rows = out.first().map_or(0, |o| o.len());
         for gi in 0..rows.div_ceil(GROUP) {
             let g = g0 + gi;
             let group = &self.data[g * nb * gbb..(g + 1) * nb * gbb];
             let r0 = gi * GROUP;
             let r1 = (r0 + GROUP).min(rows);
-            // Up to four tokens share each unpacked weight vector; the group (a few KiB)
-            // stays in L1 across the batch's tokens.
+            // Each tile's rows share every unpacked weight vector; the group (a few KiB)
+            // stays in L1 across the tiles.
             let mut t = 0;
-            while t < tokens {
-                let n = (tokens - t).min(4);
-                let mut res = [[0f32; GROUP]; 4];
-                // Written out rather than `[0, 1, 2, 3].map(..)`, whose closure wrapper LLVM
-                // can leave out of line (a call per row per tile).
-                let row = |i: usize| acts.row((t + i).min(tokens - 1));
-                let rows = [row(0), row(1), row(2), row(3)];
-                match n {
-                    4 => group_dot::<4>(p, group, rows, &mut res),
-                    3 => group_dot::<3>(p, group, rows, &mut res),
-                    2 => group_dot::<2>(p, group, rows, &mut res),
-                    _ => group_dot::<1>(p, group, rows, &mut res),
+            for tile in tiles {
+                let mut res = [[0f32; GROUP]; MAX_TILE];
+                const { assert!(MAX_TILE == 8) };
+                match tile.rows {
+                    8 => group_dot::<8>(p, group, tile, &mut res),
+                    7 => group_dot::<7>(p, group, tile, &mut res),
+                    6 => group_dot::<6>(p, group, tile, &mut res),
+                    5 => group_dot::<5>(p, group, tile, &mut res),
+                    4 => group_dot::<4>(p, group, tile, &mut res),
+                    3 => group_dot::<3>(p, group, tile, &mut res),
+                    2 => group_dot::<2>(p, group, tile, &mut res),
+                    _ => group_dot::<1>(p, group, tile, &mut res),
                 }
-                for (i, res) in res[..n].iter().enumerate() {
+                for (i, res) in res[..tile.rows].iter().enumerate() {
                     out[t + i][r0..r1].copy_from_slice(&res[..r1 - r0]);
                 }
-                t += n;
+                t += tile.rows;
             }
         }
     }
@@ -396,7 +398,7 @@ mod tests {
             for &(rows, cols) in shapes {
                 let m = random_matrix(ty, rows, cols, &mut seed);
                 let w = m.dequantize();
-                for tokens in [1, 3, 5, 9] {
+                for tokens in [1, 3, 5, 9, 17] {
                     let x = random_x(tokens * cols, &mut seed);
                     let got = m.matmul(&x, tokens);
                     let acts = Q8Acts::quantize(&x, tokens, cols);

@@ -4,7 +4,8 @@
 
 use half::f16;
 
-use super::activation::Q8Row;
+use super::activation::Q8Tile;
+pub(super) use super::activation::MAX_TILE;
 use super::packed::{Packing, BLOCK, GROUP};
 
 mod scalar;
@@ -13,40 +14,61 @@ mod x86;
 
 use scalar::{dot_f32_generic, group_dot_scalar};
 
-/// One packed row group of packing `p` against `T` activation rows: `out[t][k]` for the
-/// group's 8 rows. `rows` beyond `T` are ignored.
+/// Activation rows per group-kernel call on this CPU: every row of a tile shares each
+/// unpacked weight vector, and holds two accumulators. AVX-512's 32 vector registers hold
+/// [`MAX_TILE`] rows' worth; AVX2's 16 hold four.
+pub(super) fn tile_width() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_vnni() {
+        return MAX_TILE;
+    }
+    4
+}
+
+/// One packed row group of packing `p` against the first `T` rows of `tile`: `out[t][k]`
+/// for the group's 8 rows.
 #[inline]
 #[allow(unsafe_code)]
 pub(super) fn group_dot<const T: usize>(
     p: Packing,
     group: &[u8],
-    rows: [Q8Row<'_>; 4],
-    out: &mut [[f32; GROUP]; 4],
+    tile: &Q8Tile,
+    out: &mut [[f32; GROUP]; MAX_TILE],
 ) {
     let nb = group.len() / p.group_block_bytes();
-    for r in &rows[..T] {
-        assert!(
-            r.qs.len() >= nb * BLOCK && r.d.len() >= nb && r.s.len() >= nb && r.sum.len() >= nb,
-            "activation row shorter than the weights"
-        );
-    }
+    let per_block = nb * MAX_TILE;
+    assert!(
+        T <= tile.rows
+            && tile.blocks >= nb
+            && tile.words.len() >= per_block * BLOCK / 4
+            && [tile.d.len(), tile.s.len(), tile.d_sum.len()]
+                .into_iter()
+                .chain([
+                    tile.sum.len(),
+                    tile.bias.len(),
+                    tile.bias_lo.len(),
+                    tile.bias_hi.len()
+                ])
+                .all(|n| n >= per_block),
+        "activation tile shorter than the weights"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx512_vnni() {
             // SAFETY: the CPU has AVX-512 VNNI/VL, AVX2, FMA and F16C (checked at run time);
-            // every activation row covers `nb` blocks (asserted above) and the group is
-            // `nb` whole group-blocks.
-            unsafe { x86::group_dot_vnni::<T>(p, group, nb, &rows, out) };
+            // the tile covers `nb` blocks (asserted above) and the group is `nb` whole
+            // group-blocks.
+            unsafe { x86::group_dot_vnni::<T>(p, group, nb, tile, out) };
             return;
         }
         if has_avx2() {
             // SAFETY: as above, with AVX2, FMA and F16C.
-            unsafe { x86::group_dot_avx2::<T>(p, group, nb, &rows, out) };
+            unsafe { x86::group_dot_avx2::<T>(p, group, nb, tile, out) };
             return;
         }
     }
-    for t in 0..T {
-        out[t] = group_dot_scalar(p, group, nb, rows[t]);
+    for (t, out) in out.iter_mut().enumerate().take(T) {
+        *out = group_dot_scalar(p, group, nb, tile, t);
     }
 }
 
@@ -153,21 +175,26 @@ mod tests {
                 let m = random_matrix(ty, rows, cols, &mut seed);
                 let p = Packing::of(ty).expect("block formats are packed");
                 let nb = cols / BLOCK;
-                let x = random_x(4 * cols, &mut seed);
-                let acts = Q8Acts::quantize(&x, 4, cols);
-                let a = [0, 1, 2, 3].map(|t| acts.row(t));
+                let x = random_x(MAX_TILE * cols, &mut seed);
+                let acts = Q8Acts::quantize(&x, MAX_TILE, cols);
+                let tile = Q8Tile::new(&acts, 0, MAX_TILE);
+                let a = &tile;
                 let gbb = p.group_block_bytes();
                 for g in 0..rows.div_ceil(GROUP) {
                     let group = &m.data[g * nb * gbb..(g + 1) * nb * gbb];
-                    let want: Vec<[f32; GROUP]> = (0..4)
-                        .map(|t| group_dot_scalar(p, group, nb, a[t]))
+                    let want: Vec<[f32; GROUP]> = (0..MAX_TILE)
+                        .map(|t| group_dot_scalar(p, group, nb, a, t))
                         .collect();
-                    let check = |name: &str, got: &[[f32; GROUP]; 4], n: usize| {
+                    let check = |name: &str, got: &[[f32; GROUP]; MAX_TILE], n: usize| {
                         for t in 0..n {
                             assert_eq!(got[t], want[t], "{ty:?} {name} T={n} g={g} t={t}");
                         }
                     };
-                    let mut got = [[0f32; GROUP]; 4];
+                    let mut got = [[0f32; GROUP]; MAX_TILE];
+                    group_dot::<MAX_TILE>(p, group, a, &mut got);
+                    check("dispatch", &got, MAX_TILE);
+                    group_dot::<5>(p, group, a, &mut got);
+                    check("dispatch", &got, 5);
                     group_dot::<4>(p, group, a, &mut got);
                     check("dispatch", &got, 4);
                     group_dot::<1>(p, group, a, &mut got);
@@ -177,16 +204,21 @@ mod tests {
                         if has_avx2() {
                             // SAFETY: AVX2/FMA/F16C present; shapes as in `group_dot`.
                             unsafe {
-                                x86::group_dot_avx2::<3>(p, group, nb, &a, &mut got);
+                                x86::group_dot_avx2::<3>(p, group, nb, a, &mut got);
                             }
                             check("avx2", &got, 3);
                         }
                         if has_avx512_vnni() {
                             // SAFETY: AVX-512 VNNI/VL present; shapes as in `group_dot`.
                             unsafe {
-                                x86::group_dot_vnni::<2>(p, group, nb, &a, &mut got);
+                                x86::group_dot_vnni::<2>(p, group, nb, a, &mut got);
                             }
                             check("vnni", &got, 2);
+                            // SAFETY: as above.
+                            unsafe {
+                                x86::group_dot_vnni::<7>(p, group, nb, a, &mut got);
+                            }
+                            check("vnni", &got, 7);
                         }
                     }
                 }

@@ -2,51 +2,59 @@
 //! in the same order as the SIMD ones, which are tested bit for bit against it) and the
 //! f32 dot that LLVM vectorizes.
 
-use super::super::activation::Q8Row;
+use super::super::activation::Q8Tile;
 use super::super::format::f16_at;
 use super::super::format::ggml::{q4_0, NIBBLE_BITS, NIBBLE_MASK};
 use super::super::packed::{Packing, BLOCK, GROUP, HIGH_NIBBLE_COLS, LANE_BYTES};
 
-/// Scalar reference of the group kernels, with the same float operations in the same
-/// order (exact integer block dots, then `acc = fma(dw * dx, dot, acc)` and, for Q4_1,
-/// `acc = fma(m, s, acc)` per block).
-pub(super) fn group_dot_scalar(p: Packing, group: &[u8], nb: usize, a: Q8Row<'_>) -> [f32; GROUP] {
+/// Scalar reference of the group kernels for row `t` of `tile`, with the same float
+/// operations in the same order (exact integer block dots, then `acc = fma(dw * dx, dot,
+/// acc)` and, for Q4_1, `acc = fma(m, s, acc)` per block).
+pub(super) fn group_dot_scalar(
+    p: Packing,
+    group: &[u8],
+    nb: usize,
+    tile: &Q8Tile,
+    t: usize,
+) -> [f32; GROUP] {
     let gbb = p.group_block_bytes();
     let mut acc = [0f32; GROUP];
     for i in 0..nb {
         let b = &group[i * gbb..(i + 1) * gbb];
-        let x = &a.qs[BLOCK * i..BLOCK * i + BLOCK];
+        let x: [i8; BLOCK] = std::array::from_fn(|c| tile.q(t, i, c));
+        let at = i * super::MAX_TILE + t;
+        let (d, sum) = (tile.d[at], tile.sum[at]);
         for (k, acc) in acc.iter_mut().enumerate() {
             match p {
                 Packing::Q8_0 => {
-                    let dot = byte_dot::<true>(p, b, k, x, 0..p.vectors());
-                    *acc = (f16_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
+                    let dot = byte_dot::<true>(p, b, k, &x, 0..p.vectors());
+                    *acc = (f16_at(b, p.d_at(k)) * d).mul_add(dot as f32, *acc);
                 }
                 Packing::Q4_0 => {
-                    let dot = nibble_dot(p, b, k, x) - q4_0::OFFSET * a.sum[i];
-                    *acc = (f16_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
+                    let dot = nibble_dot(p, b, k, &x) - q4_0::OFFSET * sum;
+                    *acc = (f16_at(b, p.d_at(k)) * d).mul_add(dot as f32, *acc);
                 }
                 Packing::Q4_1 => {
-                    let dot = nibble_dot(p, b, k, x);
-                    *acc = (f16_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
-                    *acc = f16_at(b, p.m_at(k)).mul_add(a.s[i], *acc);
+                    let dot = nibble_dot(p, b, k, &x);
+                    *acc = (f16_at(b, p.d_at(k)) * d).mul_add(dot as f32, *acc);
+                    *acc = f16_at(b, p.m_at(k)).mul_add(tile.s[at], *acc);
                 }
                 // f32 `D` and `M`, the offset term with the exact activation sum.
                 Packing::Q4K | Packing::U8 => {
                     let dot = if p.is_nibbles() {
-                        nibble_dot(p, b, k, x)
+                        nibble_dot(p, b, k, &x)
                     } else {
-                        byte_dot::<false>(p, b, k, x, 0..p.vectors())
+                        byte_dot::<false>(p, b, k, &x, 0..p.vectors())
                     };
-                    *acc = (f32_at(b, p.d_at(k)) * a.d[i]).mul_add(dot as f32, *acc);
-                    *acc = f32_at(b, p.m_at(k)).mul_add(a.d[i] * a.sum[i] as f32, *acc);
+                    *acc = (f32_at(b, p.d_at(k)) * d).mul_add(dot as f32, *acc);
+                    *acc = f32_at(b, p.m_at(k)).mul_add(tile.d_sum[at], *acc);
                 }
                 // Two 16-column halves, each with its own scale.
                 Packing::Q6K => {
                     let half = p.vectors() / 2;
                     for (ws, at) in [(0..half, p.d_at(k)), (half..2 * half, p.m_at(k))] {
-                        let dot = byte_dot::<true>(p, b, k, x, ws);
-                        *acc = (f32_at(b, at) * a.d[i]).mul_add(dot as f32, *acc);
+                        let dot = byte_dot::<true>(p, b, k, &x, ws);
+                        *acc = (f32_at(b, at) * d).mul_add(dot as f32, *acc);
                     }
                 }
             }

@@ -5,9 +5,10 @@
 #![allow(unsafe_code)]
 use std::arch::x86_64::*;
 
-use super::super::activation::Q8Row;
+use super::super::activation::{Q8Tile, WORDS};
 use super::super::format::ggml::{q4_0, NIBBLE_BITS, NIBBLE_MASK};
-use super::super::packed::{Packing, BLOCK, GROUP, HIGH_NIBBLE_COLS, LANE_BYTES, VECTOR_BYTES};
+use super::super::packed::{Packing, GROUP, HIGH_NIBBLE_COLS, LANE_BYTES, VECTOR_BYTES};
+use super::MAX_TILE;
 
 /// The shift from a byte's high nibble to its low one, as the shift intrinsics take it.
 const NIBBLE_SHIFT: i32 = NIBBLE_BITS as i32;
@@ -75,8 +76,9 @@ pub(super) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `acc += u · s` per i32 lane over 4 byte pairs (u unsigned, s signed). Exact for the
-/// operands used here: 4/5-bit weights, or the sign trick (|u| <= 128, |s| <= 127), keep
-/// every pair sum inside i16 for the AVX2 `maddubs` form.
+/// operands used here: with VNNI any bytes (no intermediate saturation); with the AVX2
+/// `maddubs` form 4/5-bit weights or the sign trick (|u| <= 128, |s| <= 127), which keep
+/// every pair sum inside i16.
 #[inline(always)]
 unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     if VNNI {
@@ -85,13 +87,6 @@ unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256
         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
         _mm256_add_epi32(acc, p)
     }
-}
-
-/// The [`LANE_BYTES`] activation bytes at `p`, in every i32 lane.
-#[inline(always)]
-unsafe fn bcast4(p: *const i8) -> __m256i {
-    const { assert!(LANE_BYTES == 4) };
-    _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
 }
 
 /// The 8 rows' scales at `at` of a group-block of packing `K` as f32 lanes: f32 as stored
@@ -106,55 +101,87 @@ unsafe fn load_scales<const K: u8>(b: *const u8, at: usize) -> __m256 {
     }
 }
 
-/// One packed row group (see [`super::super::packed`]) against `T` activation rows; `K` is
-/// the group's [`Packing`] id, and every offset comes from that packing's geometry. Lane
-/// `k` of every vector is row `k` of the group, so the 8 rows' results come out as one
-/// vector with no horizontal sums.
+/// How many group-blocks ahead of the one being multiplied the kernel prefetches.
+const PREFETCH_BLOCKS: usize = 4;
+
+/// One packed row group (see [`super::super::packed`]) against the first `T` rows of an
+/// activation tile; `K` is the group's [`Packing`] id, and every offset comes from that
+/// packing's geometry. Lane `k` of every vector is row `k` of the group, so the 8 rows'
+/// results come out as one vector with no horizontal sums.
 #[inline(always)]
 unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
     group: *const u8,
     nb: usize,
-    rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; GROUP]; 4],
+    tile: &Q8Tile,
+    out: &mut [[f32; GROUP]; MAX_TILE],
 ) {
     let p = const { Packing::from_id(K) };
     let gbb = const { Packing::from_id(K).group_block_bytes() };
     let vectors = const { Packing::from_id(K).vectors() };
-    const { assert!(VECTOR_BYTES == 32) };
+    const { assert!(VECTOR_BYTES == 32 && LANE_BYTES == 4 && T <= MAX_TILE) };
     let mask = _mm256_set1_epi8(NIBBLE_MASK as i8);
+    // Flips a byte's top bit: signed weight `w` read as unsigned is `w + 128`.
+    let flip = _mm256_set1_epi8(i8::MIN);
+    let words = tile.words.as_ptr();
     let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nb {
-        // SAFETY (loads below): the caller guarantees `nb` whole group-blocks and that
-        // every activation row holds at least `nb` blocks.
+        // SAFETY (loads below): the caller guarantees `nb` whole group-blocks and a tile
+        // of at least `nb` blocks.
         let b = group.add(i * gbb);
+        // The weights stream from memory once per matmul: fetch a few blocks ahead (past
+        // the group's end that is the next group, stored right after it). Prefetches
+        // never fault, so running past the matrix is harmless.
+        if T > 1 {
+            let ahead = group.wrapping_add((i + PREFETCH_BLOCKS) * gbb);
+            let mut line = 0;
+            while line < gbb {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                line += 64;
+            }
+        }
+        let at = i * MAX_TILE;
+        // Word `w` (columns `4w..4w + 4`) of row `t`'s block `i`, in every lane.
+        let act =
+            |t: usize, w: usize| _mm256_set1_epi32(*words.add((i * WORDS + w) * MAX_TILE + t));
+        // The per-block tile value `v` of row `t`, in every lane.
+        let per_row_i = |v: &[i32], t: usize| _mm256_set1_epi32(*v.get_unchecked(at + t));
+        let per_row_f = |v: &[f32], t: usize| _mm256_set1_ps(*v.get_unchecked(at + t));
         let mut isum = [_mm256_setzero_si256(); T];
-        // The activation word of columns `c..c + 4` of block `i` in row `r`.
-        let act = |r: &Q8Row<'_>, c: usize| r.qs.as_ptr().add(BLOCK * i + c);
         match p {
             Packing::Q6K => {
                 // Two 16-column halves with their own f32 scales.
                 let mut ihi = [_mm256_setzero_si256(); T];
                 for w in 0..vectors {
                     let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
-                    let au = _mm256_sign_epi8(wv, wv);
-                    for t in 0..T {
-                        let x = bcast4(act(&rows[t], LANE_BYTES * w));
-                        let sx = _mm256_sign_epi8(x, wv);
-                        if w < vectors / 2 {
-                            isum[t] = dot4::<VNNI>(isum[t], au, sx);
-                        } else {
-                            ihi[t] = dot4::<VNNI>(ihi[t], au, sx);
+                    let half = if w < vectors / 2 { &mut isum } else { &mut ihi };
+                    if VNNI {
+                        // `vpdpbusd` takes unsigned × signed bytes without the AVX2 form's
+                        // i16 saturation: the weights biased to unsigned, one xor per
+                        // weight vector instead of two sign ops per row.
+                        let u = _mm256_xor_si256(wv, flip);
+                        for t in 0..T {
+                            half[t] = dot4::<VNNI>(half[t], u, act(t, w));
+                        }
+                    } else {
+                        let au = _mm256_sign_epi8(wv, wv);
+                        for t in 0..T {
+                            half[t] = dot4::<VNNI>(half[t], au, _mm256_sign_epi8(act(t, w), wv));
                         }
                     }
                 }
                 let dlo = load_scales::<K>(b, p.d_at(0));
                 let dhi = load_scales::<K>(b, p.m_base());
                 for t in 0..T {
-                    let dx = _mm256_set1_ps(*rows[t].d.get_unchecked(i));
-                    let lo = _mm256_cvtepi32_ps(isum[t]);
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dlo, dx), lo, acc[t]);
-                    let hi = _mm256_cvtepi32_ps(ihi[t]);
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dhi, dx), hi, acc[t]);
+                    let (mut lo, mut hi) = (isum[t], ihi[t]);
+                    if VNNI {
+                        lo = _mm256_sub_epi32(lo, per_row_i(&tile.bias_lo, t));
+                        hi = _mm256_sub_epi32(hi, per_row_i(&tile.bias_hi, t));
+                    }
+                    let dx = per_row_f(&tile.d, t);
+                    acc[t] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(dlo, dx), _mm256_cvtepi32_ps(lo), acc[t]);
+                    acc[t] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(dhi, dx), _mm256_cvtepi32_ps(hi), acc[t]);
                 }
                 continue;
             }
@@ -162,9 +189,21 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
                 for w in 0..vectors {
                     let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
                     for t in 0..T {
-                        let x = bcast4(act(&rows[t], LANE_BYTES * w));
-                        isum[t] = dot4::<VNNI>(isum[t], wv, x);
+                        isum[t] = dot4::<VNNI>(isum[t], wv, act(t, w));
                     }
+                }
+            }
+            Packing::Q8_0 if VNNI => {
+                // The biased unsigned form, as for Q6_K above.
+                for w in 0..vectors {
+                    let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
+                    let u = _mm256_xor_si256(wv, flip);
+                    for t in 0..T {
+                        isum[t] = dot4::<VNNI>(isum[t], u, act(t, w));
+                    }
+                }
+                for t in 0..T {
+                    isum[t] = _mm256_sub_epi32(isum[t], per_row_i(&tile.bias, t));
                 }
             }
             Packing::Q8_0 => {
@@ -172,21 +211,19 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
                     let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
                     let au = _mm256_sign_epi8(wv, wv);
                     for t in 0..T {
-                        let x = bcast4(act(&rows[t], LANE_BYTES * w));
-                        isum[t] = dot4::<VNNI>(isum[t], au, _mm256_sign_epi8(x, wv));
+                        isum[t] = dot4::<VNNI>(isum[t], au, _mm256_sign_epi8(act(t, w), wv));
                     }
                 }
             }
             Packing::Q4_0 | Packing::Q4_1 | Packing::Q4K => {
+                const HIGH_WORDS: usize = HIGH_NIBBLE_COLS / LANE_BYTES;
                 for w in 0..vectors {
                     let wv = _mm256_loadu_si256(b.add(p.vector_at(w)) as *const __m256i);
                     let lo = _mm256_and_si256(wv, mask);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(wv, NIBBLE_SHIFT), mask);
                     for t in 0..T {
-                        let c = LANE_BYTES * w;
-                        isum[t] = dot4::<VNNI>(isum[t], lo, bcast4(act(&rows[t], c)));
-                        let x = bcast4(act(&rows[t], HIGH_NIBBLE_COLS + c));
-                        isum[t] = dot4::<VNNI>(isum[t], hi, x);
+                        isum[t] = dot4::<VNNI>(isum[t], lo, act(t, w));
+                        isum[t] = dot4::<VNNI>(isum[t], hi, act(t, HIGH_WORDS + w));
                     }
                 }
             }
@@ -200,22 +237,17 @@ unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
         for t in 0..T {
             let mut dot = isum[t];
             if p == Packing::Q4_0 {
-                let off = q4_0::OFFSET * *rows[t].sum.get_unchecked(i);
+                let off = q4_0::OFFSET * *tile.sum.get_unchecked(at + t);
                 dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(off));
             }
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*rows[t].d.get_unchecked(i)));
+            let scale = _mm256_mul_ps(dw, per_row_f(&tile.d, t));
             acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[t]);
             match p {
                 // `m * s`, the activations' stored `d * sum(q)`.
-                Packing::Q4_1 => {
-                    let s = _mm256_set1_ps(*rows[t].s.get_unchecked(i));
-                    acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
-                }
+                Packing::Q4_1 => acc[t] = _mm256_fmadd_ps(m, per_row_f(&tile.s, t), acc[t]),
                 // `M * d * sum(q)` with the exact sum.
                 Packing::Q4K | Packing::U8 => {
-                    let sum = *rows[t].sum.get_unchecked(i) as f32;
-                    let s = _mm256_set1_ps(*rows[t].d.get_unchecked(i) * sum);
-                    acc[t] = _mm256_fmadd_ps(m, s, acc[t]);
+                    acc[t] = _mm256_fmadd_ps(m, per_row_f(&tile.d_sum, t), acc[t]);
                 }
                 // No offset term.
                 Packing::Q8_0 | Packing::Q4_0 | Packing::Q6K => {}
@@ -233,30 +265,31 @@ unsafe fn group_dot_any<const T: usize, const VNNI: bool>(
     p: Packing,
     group: &[u8],
     nb: usize,
-    rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; GROUP]; 4],
+    tile: &Q8Tile,
+    out: &mut [[f32; GROUP]; MAX_TILE],
 ) {
     let g = group.as_ptr();
     match p {
-        Packing::Q8_0 => group_dot::<T, VNNI, { Packing::Q8_0 as u8 }>(g, nb, rows, out),
-        Packing::Q4_0 => group_dot::<T, VNNI, { Packing::Q4_0 as u8 }>(g, nb, rows, out),
-        Packing::Q4_1 => group_dot::<T, VNNI, { Packing::Q4_1 as u8 }>(g, nb, rows, out),
-        Packing::Q4K => group_dot::<T, VNNI, { Packing::Q4K as u8 }>(g, nb, rows, out),
-        Packing::Q6K => group_dot::<T, VNNI, { Packing::Q6K as u8 }>(g, nb, rows, out),
-        Packing::U8 => group_dot::<T, VNNI, { Packing::U8 as u8 }>(g, nb, rows, out),
+        Packing::Q8_0 => group_dot::<T, VNNI, { Packing::Q8_0 as u8 }>(g, nb, tile, out),
+        Packing::Q4_0 => group_dot::<T, VNNI, { Packing::Q4_0 as u8 }>(g, nb, tile, out),
+        Packing::Q4_1 => group_dot::<T, VNNI, { Packing::Q4_1 as u8 }>(g, nb, tile, out),
+        Packing::Q4K => group_dot::<T, VNNI, { Packing::Q4K as u8 }>(g, nb, tile, out),
+        Packing::Q6K => group_dot::<T, VNNI, { Packing::Q6K as u8 }>(g, nb, tile, out),
+        Packing::U8 => group_dot::<T, VNNI, { Packing::U8 as u8 }>(g, nb, tile, out),
     }
 }
 
-/// The group kernel with AVX-512 VNNI's `vpdpbusd` on 256-bit vectors.
+/// The group kernel with AVX-512 VNNI's `vpdpbusd` on 256-bit vectors (AVX-512VL: 32
+/// vector registers, room for a full tile's accumulators).
 #[target_feature(enable = "avx512vnni,avx512vl,avx2,fma,f16c")]
 pub(super) unsafe fn group_dot_vnni<const T: usize>(
     p: Packing,
     group: &[u8],
     nb: usize,
-    rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; GROUP]; 4],
+    tile: &Q8Tile,
+    out: &mut [[f32; GROUP]; MAX_TILE],
 ) {
-    group_dot_any::<T, true>(p, group, nb, rows, out)
+    group_dot_any::<T, true>(p, group, nb, tile, out)
 }
 
 /// The group kernel with AVX2 `maddubs` + `madd`.
@@ -265,8 +298,8 @@ pub(super) unsafe fn group_dot_avx2<const T: usize>(
     p: Packing,
     group: &[u8],
     nb: usize,
-    rows: &[Q8Row<'_>; 4],
-    out: &mut [[f32; GROUP]; 4],
+    tile: &Q8Tile,
+    out: &mut [[f32; GROUP]; MAX_TILE],
 ) {
-    group_dot_any::<T, false>(p, group, nb, rows, out)
+    group_dot_any::<T, false>(p, group, nb, tile, out)
 }
