@@ -27,6 +27,7 @@
 //! So a prompt prefilled in one step, in paced chunks, or over prefix-cached blocks, and then
 //! decoded, gives bit-identical logits; seeded sampling repeats across those paths. Decode
 //! rows take this kernel too, for that reason.
+use super::cpu::{exp_in_place, exp_scalar};
 use super::ops::{AttnSeq, AttnShape};
 use rayon::prelude::*;
 
@@ -1567,52 +1568,6 @@ fn sum64(s: &[f32; KEY_TILE]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
-/// `e^x`, the same function as [`exp_in_place`] lane by lane.
-#[inline(always)]
-fn exp_scalar(x: f32) -> f32 {
-    let mut v = [x];
-    exp_in_place(&mut v);
-    v[0]
-}
-
-/// `e^x` in place: Cephes' `expf` (range reduction by ln 2 in two parts, a degree-5
-/// polynomial, scaling by 2^n through the exponent bits), written so it vectorises.
-/// Within 2 ulp of `f32::exp` over the inputs softmax gives it (`x <= 0`); `-inf` → 0.
-#[inline(always)]
-fn exp_in_place(xs: &mut [f32]) {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const P: [f32; 6] = [
-        1.987_569_1e-4,
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ];
-    for x in xs.iter_mut() {
-        let v = x.clamp(-87.336_55, 88.376_26);
-        // Round to nearest by the 1.5 * 2^23 trick (vectorises, unlike `round`): the sum's
-        // low mantissa bits are the integer itself, read from the bits below (a saturating
-        // `as i32` cast would keep the loop scalar).
-        let shifted = v * LOG2E + 12_582_912.0;
-        let n = shifted - 12_582_912.0;
-        let n_int = (shifted.to_bits() as i32).wrapping_sub(0x4B40_0000);
-        let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, v));
-        let mut p = P[0];
-        for &c in &P[1..] {
-            p = p.mul_add(r, c);
-        }
-        let e = (p * r * r + r) + 1.0;
-        // Wrapping: an overflow check (dev profile) would keep the loop scalar too.
-        let bits = (n_int.wrapping_add(127) as u32) << 23;
-        let y = e * f32::from_bits(bits);
-        // Below the clamp the true value underflows to 0 (and -inf must give 0).
-        *x = if *x < -87.336_55 { 0.0 } else { y };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1693,23 +1648,6 @@ mod tests {
         check::<f32>(&mut seed);
         check::<half::f16>(&mut seed);
         check::<half::bf16>(&mut seed);
-    }
-
-    #[test]
-    fn exp_matches_std_within_two_ulp() {
-        let mut worst = 0u32;
-        let mut x = -87.0f32;
-        while x <= 10.0 {
-            let got = exp_scalar(x);
-            let want = x.exp();
-            let ulp = (got.to_bits() as i64 - want.to_bits() as i64).unsigned_abs() as u32;
-            worst = worst.max(ulp);
-            x += 0.001_37;
-        }
-        assert!(worst <= 2, "worst error {worst} ulp");
-        assert_eq!(exp_scalar(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_scalar(-100.0), 0.0);
-        assert_eq!(exp_scalar(0.0), 1.0);
     }
 
     /// A token-major key cache (the reference's layout) in the kernel's block layout.
