@@ -59,7 +59,51 @@ pub struct BatchInput {
 pub struct SeqLogits {
     pub seq_id: u64,
     pub rows: usize,
-    pub data: Vec<f32>,
+    pub data: LogitsRows,
+}
+
+/// One sequence's rows of a step's logits: a range of the buffer the whole step's logits
+/// came in, shared by every sequence of the step rather than copied out per sequence (with
+/// a large vocabulary a step's logits are megabytes: Gemma 3's 262,144 entries make 16 MiB
+/// at 16 sequences). Reads as a `[f32]`.
+#[derive(Debug, Clone, Default)]
+pub struct LogitsRows {
+    buf: std::sync::Arc<Vec<f32>>,
+    range: std::ops::Range<usize>,
+}
+
+impl LogitsRows {
+    /// `buf[range]`, sharing `buf` (panics when the range is out of bounds).
+    pub fn shared(buf: std::sync::Arc<Vec<f32>>, range: std::ops::Range<usize>) -> Self {
+        assert!(
+            range.start <= range.end && range.end <= buf.len(),
+            "logits range out of bounds"
+        );
+        Self { buf, range }
+    }
+}
+
+impl From<Vec<f32>> for LogitsRows {
+    fn from(v: Vec<f32>) -> Self {
+        let range = 0..v.len();
+        Self {
+            buf: std::sync::Arc::new(v),
+            range,
+        }
+    }
+}
+
+impl std::ops::Deref for LogitsRows {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[self.range.clone()]
+    }
+}
+
+impl PartialEq for LogitsRows {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

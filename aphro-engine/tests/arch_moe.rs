@@ -136,7 +136,11 @@ fn greedy(r: &mut dyn ModelRunner, prompt: &[u32], max_new: usize) -> (Vec<u32>,
                 logits: LogitsWanted::Last,
             }],
         };
-        r.execute(&batch).expect("step runs").remove(0).data
+        r.execute(&batch)
+            .expect("step runs")
+            .remove(0)
+            .data
+            .to_vec()
     };
     let mut logits = vec![step(prompt, 0)];
     let mut out = Vec::new();

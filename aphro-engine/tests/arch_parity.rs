@@ -85,7 +85,7 @@ fn step(r: &mut dyn ModelRunner, parts: &[Part<'_>]) -> Vec<Vec<f32>> {
     r.execute(&batch)
         .expect("step runs")
         .into_iter()
-        .map(|o| o.data)
+        .map(|o| o.data.to_vec())
         .collect()
 }
 

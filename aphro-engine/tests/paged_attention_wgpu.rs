@@ -288,8 +288,18 @@ fn tiny_model_on_wgpu_matches_cpu() {
                 logits: want,
             }],
         };
-        let a = cpu.execute(&batch).expect("cpu step").remove(0).data;
-        let b = gpu.execute(&batch).expect("gpu step").remove(0).data;
+        let a = cpu
+            .execute(&batch)
+            .expect("cpu step")
+            .remove(0)
+            .data
+            .to_vec();
+        let b = gpu
+            .execute(&batch)
+            .expect("gpu step")
+            .remove(0)
+            .data
+            .to_vec();
         assert_close(&b, &a, 1e-4, &format!("logits at {start}"));
     }
 }

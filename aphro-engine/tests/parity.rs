@@ -147,7 +147,7 @@ fn greedy(
         last = Some(step(r, c, pos, want));
         pos += c.len();
     }
-    let mut logits = vec![last.expect("non-empty prompt").data];
+    let mut logits = vec![last.expect("non-empty prompt").data.to_vec()];
     let mut out = Vec::new();
     loop {
         let next = argmax(logits.last().expect("have logits"));
@@ -155,7 +155,7 @@ fn greedy(
         if out.len() == max_new || next == 0 || next == 2 {
             break;
         }
-        logits.push(step(r, &[next], pos, LogitsWanted::Last).data);
+        logits.push(step(r, &[next], pos, LogitsWanted::Last).data.to_vec());
         pos += 1;
     }
     (out, logits)
@@ -506,6 +506,7 @@ fn batched_step_matches_single_sequences() {
                 .expect("runs")
                 .remove(0)
                 .data
+                .to_vec()
         })
         .collect();
     let together = r
@@ -514,7 +515,7 @@ fn batched_step_matches_single_sequences() {
         })
         .expect("runs");
     for (a, b) in alone.iter().zip(&together) {
-        assert_eq!(a, &b.data, "batch composition changed the logits");
+        assert_eq!(a[..], b.data[..], "batch composition changed the logits");
     }
     // Invalid inputs are errors, not panics.
     let mut bad = seq(0);
@@ -575,7 +576,11 @@ fn device_greedy_matches_hf() {
                     logits,
                 }],
             };
-            r.execute(&batch).expect("step runs").remove(0).data
+            r.execute(&batch)
+                .expect("step runs")
+                .remove(0)
+                .data
+                .to_vec()
         };
         let mut pos = 0;
         let mut row = Vec::new();

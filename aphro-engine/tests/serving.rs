@@ -549,7 +549,7 @@ fn half_precision_weights_track_f32() {
                 logits: LogitsWanted::Last,
             }],
         };
-        r.execute(&batch).expect("runs").remove(0).data
+        r.execute(&batch).expect("runs").remove(0).data.to_vec()
     };
     let argmax = |v: &[f32]| {
         v.iter()

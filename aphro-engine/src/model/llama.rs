@@ -580,7 +580,7 @@ impl<B: EngineOps> Llama<B> {
         assert_eq!(logits.dims()[1], self.lm_head.rows());
         let mut logits = logits
             .into_data()
-            .to_vec::<f32>()
+            .into_vec::<f32>()
             .map_err(|e| ModelError::Weights(format!("reading logits: {e:?}")))?;
         if f.logits_divisor != 1.0 {
             logits.iter_mut().for_each(|v| *v /= f.logits_divisor);

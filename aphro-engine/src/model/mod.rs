@@ -371,7 +371,7 @@ mod tests {
                 logits: want,
             }],
         };
-        r.execute(&b).expect("runs").remove(0).data
+        r.execute(&b).expect("runs").remove(0).data.to_vec()
     }
 
     /// Whole-prompt prefill, chunked prefill, decode and copy-on-write copies agree.

@@ -7,7 +7,9 @@ use burn::tensor::{DType, FloatDType, Tensor, TensorPrimitive};
 use super::llama::{HiddenTrace, Llama, StepPlan};
 use super::ops::{AttnSeq, EngineOps};
 use super::ModelError;
-use crate::runner::{BatchInput, LogitsWanted, ModelInfo, ModelRunner, RunnerError, SeqLogits};
+use crate::runner::{
+    BatchInput, LogitsRows, LogitsWanted, ModelInfo, ModelRunner, RunnerError, SeqLogits,
+};
 
 pub struct LlamaRunner<B: EngineOps> {
     model: Llama<B>,
@@ -190,13 +192,14 @@ impl<B: EngineOps> LlamaRunner<B> {
         let logits = rayon::scope(|_| model.forward(&plan, kc, vc, bs, trace))
             .map_err(|e| RunnerError::Backend(e.to_string()))?;
         let vocab = self.info.vocab_size;
+        let logits = std::sync::Arc::new(logits);
         let mut out = Vec::with_capacity(batch.seqs.len());
         let mut at = 0;
         for (s, rows) in batch.seqs.iter().zip(rows_per_seq) {
             out.push(SeqLogits {
                 seq_id: s.seq_id,
                 rows,
-                data: logits[at * vocab..(at + rows) * vocab].to_vec(),
+                data: LogitsRows::shared(logits.clone(), at * vocab..(at + rows) * vocab),
             });
             at += rows;
         }

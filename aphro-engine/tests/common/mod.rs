@@ -247,7 +247,7 @@ impl ModelRunner for FakeRunner {
             out.push(SeqLogits {
                 seq_id: s.seq_id,
                 rows: positions.len(),
-                data,
+                data: data.into(),
             });
         }
         Ok(out)
