@@ -68,62 +68,12 @@ pub fn sample(
     scratch: &mut SamplerScratch,
 ) -> Sampled {
     let plan = input.plan;
-    let vocab = row.len();
-    let l = &mut scratch.logits;
-    l.clear();
-    l.extend_from_slice(row);
-
-    if let Some(mask) = input.grammar_mask {
-        mask.apply(l);
-    }
-    if let Some(allowed) = &plan.allowed_token_ids {
-        let marks = &mut scratch.marks;
-        marks.clear();
-        marks.resize(vocab, 0);
-        for &t in allowed {
-            if let Some(m) = marks.get_mut(t as usize) {
-                *m = 1;
-            }
-        }
-        for (x, &m) in l.iter_mut().zip(marks.iter()) {
-            if m == 0 {
-                *x = f32::NEG_INFINITY;
-            }
-        }
-    }
-    for word in &plan.bad_words_token_ids {
-        if let Some((&last, prefix)) = word.split_last() {
-            if input.output.ends_with(prefix) {
-                set(l, last, f32::NEG_INFINITY);
-            }
-        }
-    }
-    if input.output.len() < plan.min_tokens {
-        for &t in &plan.all_stop_token_ids {
-            set(l, t, f32::NEG_INFINITY);
-        }
-    }
-    for &(t, b) in &plan.logit_bias {
-        if let Some(x) = l.get_mut(t as usize) {
-            *x += b;
-        }
-    }
-    apply_penalties(
-        l,
-        plan.penalties(),
-        input.prompt,
-        input.output,
-        &mut scratch.marks,
-    );
-
-    let token_id = if plan.greedy {
-        argmax(l)
+    let token_id = if plan.greedy && !edits_logits(plan, input) {
+        // Nothing changes the logits: no copy of the row (a vocabulary's worth, per
+        // sequence and step).
+        argmax(row)
     } else {
-        let inv_t = 1.0 / plan.temperature;
-        for x in l.iter_mut() {
-            *x *= inv_t;
-        }
-        draw(l, plan.truncation(), rng.next_f64(), &mut scratch.order)
+        edit_and_pick(row, input, rng, scratch)
     };
     // Every token the grammar allows was masked by another rule (min_tokens, bad words,
     // allowed ids): nothing valid remains, so the sequence ends rather than break the grammar.
@@ -134,6 +84,7 @@ pub fn sample(
             .unwrap_or(token_id),
         _ => token_id,
     };
+
     let logprobs = plan.logprobs.map(|k| match &plan.logprob_token_ids {
         Some(ids) => {
             let mut lp = position_logprobs(row, token_id, 0, &mut scratch.order);
@@ -262,16 +213,111 @@ pub fn apply_penalties(
 }
 
 /// First index of the maximum (ties → lowest id, like `torch.argmax`); NaN never wins.
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in l.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+/// Whether any rule of `plan` changes this step's logits before the pick (so greedy
+/// sampling must work on a copy).
+fn edits_logits(plan: &SamplingPlan, input: &SampleInput<'_>) -> bool {
+    let p = plan.penalties();
+    input.grammar_mask.is_some()
+        || plan.allowed_token_ids.is_some()
+        || plan.bad_words_token_ids.iter().any(|w| {
+            w.split_last()
+                .is_some_and(|(_, prefix)| input.output.ends_with(prefix))
+        })
+        || (input.output.len() < plan.min_tokens && !plan.all_stop_token_ids.is_empty())
+        || !plan.logit_bias.is_empty()
+        || p.repetition != 1.0
+        || p.frequency != 0.0
+        || p.presence != 0.0
+}
+
+/// The logits of `row` edited by every rule of the plan (grammar, allowed ids, bad words,
+/// min_tokens, bias, penalties) in a scratch copy, then the greedy pick or the random draw.
+fn edit_and_pick(
+    row: &[f32],
+    input: &SampleInput<'_>,
+    rng: &mut SeqRng,
+    scratch: &mut SamplerScratch,
+) -> u32 {
+    let plan = input.plan;
+    let vocab = row.len();
+    let l = &mut scratch.logits;
+    l.clear();
+    l.extend_from_slice(row);
+    if let Some(mask) = input.grammar_mask {
+        mask.apply(l);
+    }
+    if let Some(allowed) = &plan.allowed_token_ids {
+        let marks = &mut scratch.marks;
+        marks.clear();
+        marks.resize(vocab, 0);
+        for &t in allowed {
+            if let Some(m) = marks.get_mut(t as usize) {
+                *m = 1;
+            }
+        }
+        for (x, &m) in l.iter_mut().zip(marks.iter()) {
+            if m == 0 {
+                *x = f32::NEG_INFINITY;
+            }
         }
     }
-    best as u32
+    for word in &plan.bad_words_token_ids {
+        if let Some((&last, prefix)) = word.split_last() {
+            if input.output.ends_with(prefix) {
+                set(l, last, f32::NEG_INFINITY);
+            }
+        }
+    }
+    if input.output.len() < plan.min_tokens {
+        for &t in &plan.all_stop_token_ids {
+            set(l, t, f32::NEG_INFINITY);
+        }
+    }
+    for &(t, b) in &plan.logit_bias {
+        if let Some(x) = l.get_mut(t as usize) {
+            *x += b;
+        }
+    }
+    apply_penalties(
+        l,
+        plan.penalties(),
+        input.prompt,
+        input.output,
+        &mut scratch.marks,
+    );
+
+    if plan.greedy {
+        argmax(l)
+    } else {
+        let inv_t = 1.0 / plan.temperature;
+        for x in l.iter_mut() {
+            *x *= inv_t;
+        }
+        draw(l, plan.truncation(), rng.next_f64(), &mut scratch.order)
+    }
+}
+
+/// The first index of the largest value (NaN never wins; all `-inf`/NaN gives 0), in two
+/// passes that vectorise — the max over 16 lanes, then the first index holding it —
+/// rather than one loop carrying an index, which stays scalar.
+fn argmax(l: &[f32]) -> u32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = l.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    l.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 /// min_p → top_k → top_p on temperature-scaled logits `l`, then the token that the uniform
@@ -432,6 +478,74 @@ mod tests {
             &mut SeqRng::from_seed(seed),
             &mut SamplerScratch::default(),
         )
+    }
+
+    /// The vectorised argmax against the one-loop definition: first index of the strict
+    /// maximum, NaN never winning, 0 when nothing beats `-inf`; over lengths that leave a
+    /// partial chunk.
+    #[test]
+    fn argmax_is_the_first_index_of_the_maximum() {
+        let reference = |l: &[f32]| {
+            let (mut best, mut best_v) = (0usize, f32::NEG_INFINITY);
+            for (i, &v) in l.iter().enumerate() {
+                if v > best_v {
+                    (best, best_v) = (i, v);
+                }
+            }
+            best as u32
+        };
+        let mut seed = 5u64;
+        for n in [1usize, 15, 16, 17, 100, 1000] {
+            for trial in 0..20 {
+                let mut l: Vec<f32> = (0..n)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                        // Few distinct values, so ties are common.
+                        ((seed >> 40) % 7) as f32 - 3.0
+                    })
+                    .collect();
+                if trial % 4 == 1 {
+                    l[(seed as usize) % n] = f32::NAN;
+                }
+                if trial % 4 == 2 {
+                    l.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+                }
+                if trial % 4 == 3 {
+                    l.iter_mut().for_each(|v| *v = f32::NAN);
+                }
+                assert_eq!(argmax(&l), reference(&l), "{l:?}");
+            }
+        }
+    }
+
+    /// Greedy sampling with no rule that edits the logits reads the row in place; a rule
+    /// that leaves the values as they are (a zero bias) takes the copying path: both pick
+    /// the same token.
+    #[test]
+    fn greedy_without_edits_equals_the_editing_path() {
+        let row = [0.5, 3.0, 1.0, 3.0, -2.0, 0.0, 2.9, 0.0];
+        let plain = run(&row, SamplingConfig::greedy(4), &[], 0).token_id;
+        let cfg = SamplingConfig {
+            logit_bias: vec![(0, 0.0)],
+            ..SamplingConfig::greedy(4)
+        };
+        let p = plan(cfg.clone());
+        let input = SampleInput {
+            plan: &p,
+            prompt: &[1],
+            output: &[],
+            grammar_mask: None,
+        };
+        assert!(edits_logits(&p, &input));
+        assert!(!edits_logits(
+            &plan(SamplingConfig::greedy(4)),
+            &SampleInput {
+                plan: &plan(SamplingConfig::greedy(4)),
+                ..input
+            }
+        ));
+        assert_eq!(run(&row, cfg, &[], 0).token_id, plain);
+        assert_eq!(plain, 1);
     }
 
     #[test]
