@@ -250,6 +250,8 @@ impl QuantMatrix {
         let nb = self.blocks_per_row();
         let gbb = p.group_block_bytes();
         let rows = out.first().map_or(0, |o| o.len());
+        // The kernel writes the first `tile.rows` rows of it every call.
+        let mut res = [[0f32; GROUP]; MAX_TILE];
         for gi in 0..rows.div_ceil(GROUP) {
             let g = g0 + gi;
             let group = &self.data[g * nb * gbb..(g + 1) * nb * gbb];
@@ -259,7 +261,6 @@ impl QuantMatrix {
             // stays in L1 across the tiles.
             let mut t = 0;
             for tile in tiles {
-                let mut res = [[0f32; GROUP]; MAX_TILE];
                 const { assert!(MAX_TILE == 8) };
                 match tile.rows {
                     8 => group_dot::<8>(p, group, tile, &mut res),
@@ -272,7 +273,12 @@ impl QuantMatrix {
                     _ => group_dot::<1>(p, group, tile, &mut res),
                 }
                 for (i, res) in res[..tile.rows].iter().enumerate() {
-                    out[t + i][r0..r1].copy_from_slice(&res[..r1 - r0]);
+                    match <&mut [f32; GROUP]>::try_from(&mut out[t + i][r0..r1]) {
+                        // A whole group: a fixed-size copy (two stores, not a memmove call
+                        // per group and row).
+                        Ok(whole) => *whole = *res,
+                        Err(_) => out[t + i][r0..r1].copy_from_slice(&res[..r1 - r0]),
+                    }
                 }
                 t += tile.rows;
             }
