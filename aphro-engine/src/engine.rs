@@ -19,7 +19,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use crate::kv::HashAlgo;
 use crate::kv_events::KvEventSink;
 use crate::metrics::MetricsSnapshot;
-use crate::request::{EngineOutput, EngineRequest, ValidationError, ValidationLimits};
+use crate::request::{
+    EngineOutput, EngineRequest, FinishReason, ValidationError, ValidationLimits,
+};
 use crate::runner::{ModelInfo, ModelRunner};
 use crate::scheduler::{validate_request, AddError, EngineCore, SchedulerConfig};
 
@@ -108,6 +110,8 @@ enum Command {
     Abort {
         request_id: String,
         ticket: Option<u64>,
+        /// `Abort`, or `Stop` when the consumer ended it at a stop string.
+        reason: FinishReason,
     },
     /// Die as a runner failure would, with this reason ([`Engine::inject_failure`]).
     Fail(String),
@@ -314,6 +318,7 @@ impl Engine {
             let _ = cmd.send(Command::Abort {
                 request_id: request_id.to_string(),
                 ticket: None,
+                reason: FinishReason::Abort,
             });
         }
     }
@@ -466,17 +471,32 @@ impl Stream for GenerateStream {
     }
 }
 
-impl Drop for GenerateStream {
-    fn drop(&mut self) {
+impl GenerateStream {
+    /// End the request because its consumer found a stop string: its blocks are freed
+    /// before the next step, as when the stream is dropped, but it counts as finished by
+    /// `stop` rather than aborted.
+    pub fn stop(mut self) {
+        self.end(FinishReason::Stop);
+    }
+
+    fn end(&mut self, reason: FinishReason) {
         if !self.done {
-            // A disconnected client: free the request's blocks.
+            self.done = true;
             if let Some(cmd) = &self.cmd {
                 let _ = cmd.send(Command::Abort {
                     request_id: self.request_id.clone(),
                     ticket: Some(self.ticket),
+                    reason,
                 });
             }
         }
+    }
+}
+
+impl Drop for GenerateStream {
+    fn drop(&mut self) {
+        // Unfinished: a disconnected client; free the request's blocks.
+        self.end(FinishReason::Abort);
     }
 }
 
@@ -523,12 +543,16 @@ fn run_loop(mut core: EngineCore, rx: Receiver<Command>, shared: &Shared) {
                         }
                     }
                 }
-                Command::Abort { request_id, ticket } => {
+                Command::Abort {
+                    request_id,
+                    ticket,
+                    reason,
+                } => {
                     let matches = clients
                         .get(&request_id)
                         .is_some_and(|c| ticket.is_none_or(|t| t == c.ticket));
                     if matches {
-                        let outs = core.abort(&request_id);
+                        let outs = core.end_early(&request_id, reason);
                         route(&core, &mut clients, outs);
                     }
                 }

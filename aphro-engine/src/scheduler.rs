@@ -352,6 +352,13 @@ impl EngineCore {
     /// Abort a request: free its blocks now and emit `finish_reason = abort` for every
     /// unfinished choice. Unknown or finished ids are ignored.
     pub fn abort(&mut self, request_id: &str) -> Vec<EngineOutput> {
+        self.end_early(request_id, FinishReason::Abort)
+    }
+
+    /// End a request before the engine would, as [`Self::abort`] does, counting it in
+    /// `request_success` under `reason`: `Stop` when the consumer found a stop string
+    /// (vLLM's frontend finishes such a request as "stop"), `Abort` otherwise.
+    pub fn end_early(&mut self, request_id: &str, reason: FinishReason) -> Vec<EngineOutput> {
         let Some(req) = self.requests.remove(request_id) else {
             return Vec::new();
         };
@@ -373,7 +380,7 @@ impl EngineCore {
                         token_ids: Vec::new(),
                         logprobs: req.plan.logprobs.map(|_| Vec::new()),
                         prompt_logprobs: None,
-                        finish_reason: Some(FinishReason::Abort),
+                        finish_reason: Some(reason),
                         stop_reason: None,
                         usage: Usage {
                             prompt_tokens: req.prompt_len,
@@ -387,7 +394,7 @@ impl EngineCore {
         *self
             .metrics
             .request_success
-            .entry(FinishReason::Abort.as_str())
+            .entry(reason.as_str())
             .or_default() += 1;
         self.refresh_gauges();
         outs

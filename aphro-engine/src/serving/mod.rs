@@ -1428,9 +1428,11 @@ impl ServingStream {
                         continue;
                     };
                     if self.choices.iter().all(|c| c.finished) {
-                        // Dropping an unfinished engine stream aborts it (a stop string
-                        // ended every choice): its blocks are freed before the next step.
-                        self.inner = None;
+                        // A stop string ended every choice: end the engine's request
+                        // (its blocks are freed before the next step) as finished by stop.
+                        if let Some(inner) = self.inner.take() {
+                            inner.stop();
+                        }
                     }
                     return Some(Ok((idx, delta)));
                 }
