@@ -321,7 +321,12 @@ fn text_mode_with_stop_strings() {
     // finishes it so), not as aborted.
     let m = s.metrics_synced();
     let reasons = |r: &str| m.request_success.get(r).copied().unwrap_or(0);
-    assert_eq!((reasons("stop"), reasons("abort")), (2, 0), "{:?}", m.request_success);
+    assert_eq!(
+        (reasons("stop"), reasons("abort")),
+        (2, 0),
+        "{:?}",
+        m.request_success
+    );
 
     let kept = full(&s, text_req(json!(["Paris"]), true, false));
     assert_eq!(kept["choices"][0]["text"], "The capital of France is Paris");

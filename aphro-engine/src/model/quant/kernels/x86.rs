@@ -108,6 +108,9 @@ const PREFETCH_BLOCKS: usize = 4;
 /// activation tile; `K` is the group's [`Packing`] id, and every offset comes from that
 /// packing's geometry. Lane `k` of every vector is row `k` of the group, so the 8 rows'
 /// results come out as one vector with no horizontal sums.
+// `t` is the tile row as well as the accumulator's index (the activation words are
+// reached through it), so the loops stay over `0..T`.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn group_dot<const T: usize, const VNNI: bool, const K: u8>(
     group: *const u8,
