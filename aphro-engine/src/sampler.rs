@@ -84,7 +84,6 @@ pub fn sample(
             .unwrap_or(token_id),
         _ => token_id,
     };
-
     let logprobs = plan.logprobs.map(|k| match &plan.logprob_token_ids {
         Some(ids) => {
             let mut lp = position_logprobs(row, token_id, 0, &mut scratch.order);
@@ -116,6 +115,11 @@ impl Penalties {
         frequency: 0.0,
         presence: 0.0,
     };
+
+    /// Whether these penalties leave every logit as it is.
+    pub fn is_neutral(&self) -> bool {
+        self.repetition == 1.0 && self.frequency == 0.0 && self.presence == 0.0
+    }
 }
 
 impl Default for Penalties {
@@ -176,14 +180,14 @@ pub fn apply_penalties(
     output: &[u32],
     counts: &mut Vec<u32>,
 ) {
+    if penalties.is_neutral() {
+        return;
+    }
     let Penalties {
         repetition: rep,
         frequency: freq,
         presence: pres,
     } = penalties;
-    if rep == 1.0 && freq == 0.0 && pres == 0.0 {
-        return;
-    }
     counts.clear();
     counts.resize(l.len(), 0);
     // Bit 31 marks "seen in the prompt"; the low bits count output occurrences.
@@ -212,11 +216,9 @@ pub fn apply_penalties(
     }
 }
 
-/// First index of the maximum (ties → lowest id, like `torch.argmax`); NaN never wins.
 /// Whether any rule of `plan` changes this step's logits before the pick (so greedy
 /// sampling must work on a copy).
 fn edits_logits(plan: &SamplingPlan, input: &SampleInput<'_>) -> bool {
-    let p = plan.penalties();
     input.grammar_mask.is_some()
         || plan.allowed_token_ids.is_some()
         || plan.bad_words_token_ids.iter().any(|w| {
@@ -225,9 +227,7 @@ fn edits_logits(plan: &SamplingPlan, input: &SampleInput<'_>) -> bool {
         })
         || (input.output.len() < plan.min_tokens && !plan.all_stop_token_ids.is_empty())
         || !plan.logit_bias.is_empty()
-        || p.repetition != 1.0
-        || p.frequency != 0.0
-        || p.presence != 0.0
+        || !plan.penalties().is_neutral()
 }
 
 /// The logits of `row` edited by every rule of the plan (grammar, allowed ids, bad words,
@@ -297,9 +297,10 @@ fn edit_and_pick(
     }
 }
 
-/// The first index of the largest value (NaN never wins; all `-inf`/NaN gives 0), in two
-/// passes that vectorise — the max over 16 lanes, then the first index holding it —
-/// rather than one loop carrying an index, which stays scalar.
+/// The first index of the largest value (ties → lowest id, like `torch.argmax`; NaN never
+/// wins; all `-inf`/NaN gives 0), in two passes that vectorise — the max over 16 lanes,
+/// then the first index holding it — rather than one loop carrying an index, which stays
+/// scalar.
 fn argmax(l: &[f32]) -> u32 {
     const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];
