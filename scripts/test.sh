@@ -7,6 +7,18 @@ cd "$(dirname "$0")/.."
 python3 scripts/check_spec_refs.py
 # One formatting, checked before anything builds.
 cargo fmt --all --check
+# System packages, from Debian: nasm (libjpeg-turbo's SIMD in the image decode, which the
+# multimodal bench measures; without it the build uses libjpeg's C code) and lavapipe for
+# the wgpu pass below.
+APT_PACKAGES=()
+command -v nasm >/dev/null || APT_PACKAGES+=(nasm)
+ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || APT_PACKAGES+=(mesa-vulkan-drivers libvulkan1)
+if [ ${#APT_PACKAGES[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+    SUDO=""
+    [ "$(id -u)" != 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT_PACKAGES[@]}"
+fi
 export APHRO_ASSETS="${APHRO_ASSETS:-$PWD/.assets}"
 python3 scripts/fetch_assets.py --dest "$APHRO_ASSETS"
 cargo test --workspace --locked
@@ -25,13 +37,8 @@ APHRO_STRESS_PROFILE=debug ./scripts/stress.sh --quick "$APHRO_ASSETS/models/Smo
 # the workspace with it on costs one metadata build of the dependencies instead of two.
 cargo clippy --workspace --all-targets --features aphro-http/cuda --locked -- -D warnings
 # The CubeCL kernels themselves run for real through burn-wgpu on lavapipe, Mesa's CPU Vulkan
-# driver; the test fails (rather than skips) under CI=true when no Vulkan adapter is found.
-if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-get >/dev/null; then
-    SUDO=""
-    [ "$(id -u)" != 0 ] && SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1
-fi
+# driver (installed at the top); the test fails (rather than skips) under CI=true when no Vulkan
+# adapter is found.
 cargo test -p aphro-engine --features wgpu --test paged_attention_wgpu --test pooling_wgpu --test whisper_wgpu --locked
 # The architecture suites' wgpu tests only (their CPU tests ran in `cargo test` above); the
 # same build as the line before.

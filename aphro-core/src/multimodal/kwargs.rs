@@ -8,7 +8,6 @@
 //! ```
 use super::qwen_vl::ProcessedImage;
 use super::Tensor;
-use base64::Engine as _;
 use rmp::encode;
 
 // Writes into a Vec cannot fail; rmp's signatures are still fallible.
@@ -99,5 +98,5 @@ pub fn encode_metadata_item(image: &ProcessedImage) -> Vec<u8> {
 
 /// Standard padded base64, as vLLM sends the blobs.
 pub fn to_base64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+    base64_simd::STANDARD.encode_to_string(bytes)
 }
