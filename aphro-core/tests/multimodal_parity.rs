@@ -183,7 +183,7 @@ fn check_success(case: &Value, model: &VisionModel, feats: &[ImageFeature]) -> V
             }
             for (field, t) in want["tensors"].as_object().expect("tensors") {
                 let ours = match field.as_str() {
-                    "pixel_values" => feats[i].processed.pixel_values.clone(),
+                    "pixel_values" => feats[i].processed.pixel_values(),
                     _ => aphro_core::multimodal::Tensor {
                         dtype: "int64",
                         shape: vec![3],

@@ -10,19 +10,69 @@ use super::qwen_vl::ProcessedImage;
 use super::Tensor;
 use rmp::encode;
 
+/// Standard padded base64 written as the bytes arrive, into one string sized up front: whole
+/// 3-byte groups are encoded straight from each slice, and at most 2 bytes wait for the next.
+/// The result is the same text as encoding the concatenation at once.
+pub struct Base64Writer {
+    out: String,
+    carry: [u8; 3],
+    carried: usize,
+}
+
+impl Base64Writer {
+    /// A writer for `raw_len` bytes in all (the capacity; more may be written).
+    pub fn new(raw_len: usize) -> Self {
+        Base64Writer {
+            out: String::with_capacity(base64_simd::STANDARD.encoded_length(raw_len)),
+            carry: [0; 3],
+            carried: 0,
+        }
+    }
+
+    pub fn write(&mut self, mut bytes: &[u8]) {
+        if self.carried > 0 {
+            let take = (3 - self.carried).min(bytes.len());
+            self.carry[self.carried..self.carried + take].copy_from_slice(&bytes[..take]);
+            self.carried += take;
+            bytes = &bytes[take..];
+            if self.carried < 3 {
+                return;
+            }
+            base64_simd::STANDARD.encode_append(self.carry, &mut self.out);
+            self.carried = 0;
+        }
+        let whole = bytes.len() / 3 * 3;
+        base64_simd::STANDARD.encode_append(&bytes[..whole], &mut self.out);
+        let rest = &bytes[whole..];
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.carried = rest.len();
+    }
+
+    /// The text, with the last group padded.
+    pub fn finish(mut self) -> String {
+        base64_simd::STANDARD.encode_append(&self.carry[..self.carried], &mut self.out);
+        self.out
+    }
+}
+
 // Writes into a Vec cannot fail; rmp's signatures are still fallible.
 fn str(out: &mut Vec<u8>, s: &str) {
     let _ = encode::write_str(out, s);
 }
 
-fn tensor(out: &mut Vec<u8>, t: &Tensor) {
+/// A tensor's `[dtype, [dims], ext(3, ...)]` up to its raw bytes, which follow it.
+fn tensor_head(out: &mut Vec<u8>, dtype: &str, shape: &[usize], data_len: usize) {
     let _ = encode::write_array_len(out, 3);
-    str(out, t.dtype);
-    let _ = encode::write_array_len(out, t.shape.len() as u32);
-    for &d in &t.shape {
+    str(out, dtype);
+    let _ = encode::write_array_len(out, shape.len() as u32);
+    for &d in shape {
         let _ = encode::write_uint(out, d as u64);
     }
-    let _ = encode::write_ext_meta(out, t.data.len() as u32, 3);
+    let _ = encode::write_ext_meta(out, data_len as u32, 3);
+}
+
+fn tensor(out: &mut Vec<u8>, t: &Tensor) {
+    tensor_head(out, t.dtype, &t.shape, t.data.len());
     out.extend_from_slice(&t.data);
 }
 
@@ -47,45 +97,53 @@ fn grid_elem(out: &mut Vec<u8>, grid: [i64; 3]) {
     let _ = encode::write_bool(out, true);
 }
 
-/// msgpack of the full item: `pixel_values` (a flat field) and `image_grid_thw`.
+/// The full item, msgpack then base64: `pixel_values` (a flat field) and `image_grid_thw`.
+/// The pixel bytes go from the processed image to the base64 text a band at a time, never
+/// held whole.
 ///
 /// `batch_rows` are the row counts of every image of the request, in order. vLLM 0.33 keeps
 /// the whole processor batch's slices in each item's field (`multimodal.md` §3.3) when the
 /// images differ in size; when they are all the same size each item carries the one slice
 /// `[0, rows]` (what its render server answered for two same-size images).
-pub fn encode_kwargs_item(image: &ProcessedImage, batch_rows: &[usize]) -> Vec<u8> {
-    let pv = &image.pixel_values;
-    let mut out = Vec::with_capacity(pv.data.len() + 256);
-    let _ = encode::write_map_len(&mut out, 2);
-    str(&mut out, "pixel_values");
-    let _ = encode::write_map_len(&mut out, 2);
-    str(&mut out, "data");
-    tensor(&mut out, pv);
-    str(&mut out, "field");
-    let _ = encode::write_array_len(&mut out, 2);
-    str(&mut out, "flat");
-    let _ = encode::write_map_len(&mut out, 3);
-    str(&mut out, "keep_on_cpu");
-    let _ = encode::write_bool(&mut out, false);
-    str(&mut out, "slices");
+pub fn kwargs_item_base64(image: &ProcessedImage, batch_rows: &[usize]) -> String {
+    let shape = image.pixel_values_shape();
+    let data_len = image.pixel_values_len();
+    let mut head = Vec::with_capacity(96);
+    let _ = encode::write_map_len(&mut head, 2);
+    str(&mut head, "pixel_values");
+    let _ = encode::write_map_len(&mut head, 2);
+    str(&mut head, "data");
+    tensor_head(&mut head, image.pixel_values_dtype(), &shape, data_len);
+    let mut tail = Vec::with_capacity(160);
+    str(&mut tail, "field");
+    let _ = encode::write_array_len(&mut tail, 2);
+    str(&mut tail, "flat");
+    let _ = encode::write_map_len(&mut tail, 3);
+    str(&mut tail, "keep_on_cpu");
+    let _ = encode::write_bool(&mut tail, false);
+    str(&mut tail, "slices");
     // [[slice(start, stop, None)] per image of the batch].
-    let same_size = batch_rows.iter().all(|&r| r == pv.shape[0]);
-    let own = [pv.shape[0]];
+    let same_size = batch_rows.iter().all(|&r| r == shape[0]);
+    let own = [shape[0]];
     let batch_rows = if same_size { &own[..] } else { batch_rows };
-    let _ = encode::write_array_len(&mut out, batch_rows.len() as u32);
+    let _ = encode::write_array_len(&mut tail, batch_rows.len() as u32);
     let mut start = 0u64;
     for &rows in batch_rows {
-        let _ = encode::write_array_len(&mut out, 1);
-        let _ = encode::write_array_len(&mut out, 3);
-        let _ = encode::write_uint(&mut out, start);
+        let _ = encode::write_array_len(&mut tail, 1);
+        let _ = encode::write_array_len(&mut tail, 3);
+        let _ = encode::write_uint(&mut tail, start);
         start += rows as u64;
-        let _ = encode::write_uint(&mut out, start);
-        let _ = encode::write_nil(&mut out);
+        let _ = encode::write_uint(&mut tail, start);
+        let _ = encode::write_nil(&mut tail);
     }
-    str(&mut out, "dim");
-    let _ = encode::write_uint(&mut out, 0);
-    grid_elem(&mut out, image.grid_thw);
-    out
+    str(&mut tail, "dim");
+    let _ = encode::write_uint(&mut tail, 0);
+    grid_elem(&mut tail, image.grid_thw);
+    let mut b64 = Base64Writer::new(head.len() + data_len + tail.len());
+    b64.write(&head);
+    image.write_pixel_values(|band| b64.write(band));
+    b64.write(&tail);
+    b64.finish()
 }
 
 /// msgpack of the metadata item: the fields kept on the CPU (`image_grid_thw`).
@@ -99,4 +157,35 @@ pub fn encode_metadata_item(image: &ProcessedImage) -> Vec<u8> {
 /// Standard padded base64, as vLLM sends the blobs.
 pub fn to_base64(bytes: &[u8]) -> String {
     base64_simd::STANDARD.encode_to_string(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_base64_equals_one_shot_base64() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 37 % 251) as u8).collect();
+        for total in [0, 1, 2, 3, 4, 5, 100, 1000] {
+            let data = &data[..total];
+            let want = to_base64(data);
+            for pieces in [1, 2, 3, 7, 64] {
+                let mut w = Base64Writer::new(total);
+                let mut rest = data;
+                let mut i = 0;
+                while !rest.is_empty() {
+                    // Uneven piece sizes, empty ones included.
+                    let n = ((i * 5) % (pieces + 1)).min(rest.len());
+                    w.write(&rest[..n]);
+                    rest = &rest[n..];
+                    i += 1;
+                    if i > 10 * total + 10 {
+                        w.write(rest);
+                        rest = &[];
+                    }
+                }
+                assert_eq!(w.finish(), want, "{total} bytes in pieces up to {pieces}");
+            }
+        }
+    }
 }

@@ -298,27 +298,33 @@ pub fn features_json(
         .iter()
         .map(|p| json!({"offset": p.offset, "length": p.length}))
         .collect();
+    // Built by moving the strings in: `json!` would serialize (copy) every megabyte-sized
+    // blob, twice.
+    let by_modality = |blobs: Vec<String>| {
+        let list = Value::Array(blobs.into_iter().map(Value::String).collect());
+        Value::Object(Map::from_iter([("image".to_owned(), list)]))
+    };
     let (kwargs_data, mm_metadata) = if with_payload {
         let rows: Vec<usize> = images
             .iter()
-            .map(|i| i.processed.pixel_values.shape[0])
+            .map(|i| i.processed.pixel_values_shape()[0])
             .collect();
-        let data: Vec<String> = images
+        let data = images
             .iter()
-            .map(|i| kwargs::to_base64(&kwargs::encode_kwargs_item(&i.processed, &rows)))
+            .map(|i| kwargs::kwargs_item_base64(&i.processed, &rows))
             .collect();
-        let meta: Vec<String> = images
+        let meta = images
             .iter()
             .map(|i| kwargs::to_base64(&kwargs::encode_metadata_item(&i.processed)))
             .collect();
-        (json!({"image": data}), json!({"image": meta}))
+        (by_modality(data), by_modality(meta))
     } else {
         (Value::Null, Value::Null)
     };
-    json!({
-        "mm_hashes": {"image": hashes},
-        "mm_placeholders": {"image": places},
-        "kwargs_data": kwargs_data,
-        "mm_metadata": mm_metadata,
-    })
+    let mut out = Map::new();
+    out.insert("mm_hashes".into(), json!({ "image": hashes }));
+    out.insert("mm_placeholders".into(), json!({ "image": places }));
+    out.insert("kwargs_data".into(), kwargs_data);
+    out.insert("mm_metadata".into(), mm_metadata);
+    Value::Object(out)
 }

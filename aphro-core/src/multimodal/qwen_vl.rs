@@ -2,10 +2,10 @@
 //! `Qwen2VLImageProcessor` (torchvision backend): `smart_resize` to a multiple of
 //! `patch_size * merge_size` within `[min_pixels, max_pixels]`, bicubic antialiased resize in
 //! `uint8`, then either the raw bytes (vLLM's default, the model normalizes on the device) or
-//! rescale + normalize cast to the model dtype, and patchify to
+//! rescale + normalize cast to the model dtype, and patchify (as the rows are written) to
 //! `[grid_t*grid_h*grid_w, C*T*P*P]` with the frame repeated `temporal_patch_size` times.
 use super::image_io::DecodedImage;
-use super::resize::resize_rgb8_bicubic_aa;
+use super::resize::resize_rgb8_bicubic_aa_planar;
 use super::Tensor;
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
@@ -64,15 +64,158 @@ impl FloatDtype {
     }
 }
 
-/// One processed image.
+/// One processed image: the resized pixels, from which `pixel_values` rows are cut when
+/// they are written ([`ProcessedImage::write_pixel_values`]), so the
+/// `[grid_t*grid_h*grid_w, C*T*P*P]` tensor (12 MB for a 1920x1080 photo) is never held
+/// whole on the way to `kwargs_data`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProcessedImage {
     /// `image_grid_thw`: `[1, grid_h, grid_w]` in patches.
     pub grid_thw: [i64; 3],
-    /// `pixel_values`: `[grid_t*grid_h*grid_w, C*T*P*P]`.
-    pub pixel_values: Tensor,
     /// Placeholder tokens the image takes: `grid_t*grid_h*grid_w / merge_size²`.
     pub num_tokens: usize,
+    /// The resized image as three planes (R, G, B), `width * height` bytes each.
+    planes: Vec<u8>,
+    width: usize,
+    height: usize,
+    patch_size: usize,
+    merge_size: usize,
+    temporal_patch_size: usize,
+    encoding: PixelEncoding,
+}
+
+/// How one resized byte becomes `pixel_values` bytes.
+#[derive(Debug, Clone, PartialEq)]
+enum PixelEncoding {
+    /// The byte itself (`uint8`).
+    Raw,
+    /// Rescaled and normalized: the value depends only on (channel, byte), so `table` holds
+    /// the encoded bytes of all 3 × 256, `width` bytes each.
+    Table {
+        dtype: FloatDtype,
+        width: usize,
+        table: Vec<u8>,
+    },
+}
+
+impl ProcessedImage {
+    /// `pixel_values`' dtype name (`uint8`, or the model dtype when normalized on the CPU).
+    pub fn pixel_values_dtype(&self) -> &'static str {
+        match &self.encoding {
+            PixelEncoding::Raw => "uint8",
+            PixelEncoding::Table { dtype, .. } => dtype.name(),
+        }
+    }
+
+    /// `pixel_values`' shape: `[grid_t*grid_h*grid_w, C*T*P*P]`.
+    pub fn pixel_values_shape(&self) -> [usize; 2] {
+        let p = self.patch_size;
+        let rows = (self.height / p) * (self.width / p);
+        [rows, CHANNELS * self.temporal_patch_size * p * p]
+    }
+
+    /// Bytes per element of `pixel_values`.
+    fn element_width(&self) -> usize {
+        match &self.encoding {
+            PixelEncoding::Raw => 1,
+            PixelEncoding::Table { width, .. } => *width,
+        }
+    }
+
+    /// `pixel_values`' size in bytes.
+    pub fn pixel_values_len(&self) -> usize {
+        let [rows, row_len] = self.pixel_values_shape();
+        rows * row_len * self.element_width()
+    }
+
+    /// The whole `pixel_values` tensor.
+    pub fn pixel_values(&self) -> Tensor {
+        let mut data = Vec::with_capacity(self.pixel_values_len());
+        self.write_pixel_values(|band| data.extend_from_slice(band));
+        Tensor {
+            dtype: self.pixel_values_dtype(),
+            shape: self.pixel_values_shape().to_vec(),
+            data,
+        }
+    }
+
+    /// Writes `pixel_values`' raw little-endian bytes in order, one band of merge windows
+    /// (`merge_size * patch_size` image rows) at a time, through one reused buffer.
+    ///
+    /// The row order: merge window (grid_h/m, grid_w/m), then the patch inside it (m, m);
+    /// each row is channel-major with the frame repeated T times: `[C, T, P, P]`.
+    pub fn write_pixel_values(&self, mut sink: impl FnMut(&[u8])) {
+        let (p, m) = (self.patch_size, self.merge_size);
+        let (gh, gw) = (self.height / p, self.width / p);
+        let band_len = gw * m * CHANNELS * self.temporal_patch_size * p * p * self.element_width();
+        let mut band = vec![0u8; band_len];
+        for bh in 0..gh / m {
+            match (&self.encoding, p) {
+                (PixelEncoding::Raw, 14) => self.cut_band(bh, &mut band, 1, copy_line::<14>),
+                (PixelEncoding::Raw, 16) => self.cut_band(bh, &mut band, 1, copy_line::<16>),
+                (PixelEncoding::Raw, _) => {
+                    self.cut_band(bh, &mut band, 1, |_, src, dst| dst.copy_from_slice(src))
+                }
+                (PixelEncoding::Table { width, table, .. }, _) => {
+                    self.cut_band(bh, &mut band, *width, |c, src, dst| {
+                        let channel = &table[c * 256 * width..(c + 1) * 256 * width];
+                        for (d, &x) in dst.chunks_exact_mut(*width).zip(src) {
+                            let x = usize::from(x);
+                            d.copy_from_slice(&channel[x * width..(x + 1) * width]);
+                        }
+                    })
+                }
+            }
+            sink(&band);
+        }
+    }
+
+    /// Fills `out` with band `bh`'s rows; `line(channel, P pixels of one plane, out)` writes
+    /// one patch line.
+    #[inline(always)]
+    fn cut_band(
+        &self,
+        bh: usize,
+        out: &mut [u8],
+        elem: usize,
+        line: impl Fn(usize, &[u8], &mut [u8]),
+    ) {
+        let (p, m, w) = (self.patch_size, self.merge_size, self.width);
+        let plane_len = w * self.height;
+        let line_len = p * elem;
+        let block = p * line_len;
+        let mut at = 0;
+        for bw in 0..self.width / p / m {
+            for mh in 0..m {
+                for mw in 0..m {
+                    let y0 = (bh * m + mh) * p;
+                    let x0 = (bw * m + mw) * p;
+                    for (c, plane) in self.planes.chunks_exact(plane_len).enumerate() {
+                        let first = at;
+                        for py in 0..p {
+                            let start = (y0 + py) * w + x0;
+                            line(c, &plane[start..start + p], &mut out[at..at + line_len]);
+                            at += line_len;
+                        }
+                        // The frame repeated `temporal_patch_size` times.
+                        for _ in 1..self.temporal_patch_size {
+                            out.copy_within(first..first + block, at);
+                            at += block;
+                        }
+                    }
+                }
+            }
+        }
+        debug_assert_eq!(at, out.len());
+    }
+}
+
+/// One patch line of `P` bytes, a fixed-size copy.
+#[inline(always)]
+fn copy_line<const P: usize>(_channel: usize, src: &[u8], dst: &mut [u8]) {
+    let src: &[u8; P] = src.try_into().expect("a patch line");
+    let dst: &mut [u8; P] = dst.try_into().expect("a patch line");
+    *dst = *src;
 }
 
 fn usize_of(cfg: &Value, key: &str, default: usize) -> usize {
@@ -194,119 +337,55 @@ impl QwenVlProcessor {
         Ok((h_bar as usize, w_bar as usize))
     }
 
-    /// Resizes and patchifies one image.
+    /// Resizes one image; its `pixel_values` are cut from the result when written.
     pub fn process(&self, image: &DecodedImage, output: PixelOutput) -> Result<ProcessedImage> {
         let (h, w) = self.smart_resize(image.height, image.width)?;
-        let resized = if (h, w) == (image.height, image.width) {
-            image.rgb.clone()
-        } else {
-            resize_rgb8_bicubic_aa(&image.rgb, image.width, image.height, w, h)
-        };
-        let (p, m, t) = (self.patch_size, self.merge_size, self.temporal_patch_size);
+        let planes = resize_rgb8_bicubic_aa_planar(&image.rgb, image.width, image.height, w, h);
+        let (p, m) = (self.patch_size, self.merge_size);
         let (gh, gw) = (h / p, w / p);
-        let rows = gh * gw;
-        let row_len = CHANNELS * t * p * p;
-        let order = PatchOrder { p, m, t, gh, gw, w };
-        let pixel_values = match output {
-            PixelOutput::RawU8 => {
-                let mut data = Vec::with_capacity(rows * row_len);
-                order.for_each_line(&resized, |c, line| {
-                    data.extend(line.chunks_exact(CHANNELS).map(|px| px[c]));
-                });
-                Tensor {
-                    dtype: "uint8",
-                    shape: vec![rows, row_len],
-                    data,
-                }
-            }
-            PixelOutput::Normalized(dtype) => {
-                // transformers fuses rescale into normalize: mean/std scaled by 1/rescale_factor
-                // in float32, then (x - mean) / std in float32.
-                let inv = (1.0 / self.rescale_factor) as f32;
-                let mean = self.image_mean.map(|v| v * inv);
-                let std = self.image_std.map(|v| v * inv);
-                let width = match dtype {
-                    FloatDtype::Float32 => 4,
-                    _ => 2,
-                };
-                // The value depends only on (channel, byte): a table of the encoded bytes
-                // of all 3 × 256, so the patch loop is a copy.
-                let mut table = vec![0u8; CHANNELS * 256 * width];
-                for (i, entry) in table.chunks_exact_mut(width).enumerate() {
-                    let (c, x) = (i / 256, i % 256);
-                    let v = (x as f32 - mean[c]) / std[c];
-                    match dtype {
-                        FloatDtype::BFloat16 => {
-                            entry.copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes())
+        let encoding =
+            match output {
+                PixelOutput::RawU8 => PixelEncoding::Raw,
+                PixelOutput::Normalized(dtype) => {
+                    // transformers fuses rescale into normalize: mean/std scaled by 1/rescale_factor
+                    // in float32, then (x - mean) / std in float32.
+                    let inv = (1.0 / self.rescale_factor) as f32;
+                    let mean = self.image_mean.map(|v| v * inv);
+                    let std = self.image_std.map(|v| v * inv);
+                    let width = match dtype {
+                        FloatDtype::Float32 => 4,
+                        _ => 2,
+                    };
+                    let mut table = vec![0u8; CHANNELS * 256 * width];
+                    for (i, entry) in table.chunks_exact_mut(width).enumerate() {
+                        let (c, x) = (i / 256, i % 256);
+                        let v = (x as f32 - mean[c]) / std[c];
+                        match dtype {
+                            FloatDtype::BFloat16 => entry
+                                .copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes()),
+                            FloatDtype::Float16 => entry
+                                .copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes()),
+                            FloatDtype::Float32 => entry.copy_from_slice(&v.to_le_bytes()),
                         }
-                        FloatDtype::Float16 => {
-                            entry.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
-                        }
-                        FloatDtype::Float32 => entry.copy_from_slice(&v.to_le_bytes()),
+                    }
+                    PixelEncoding::Table {
+                        dtype,
+                        width,
+                        table,
                     }
                 }
-                let mut data = vec![0u8; rows * row_len * width];
-                let mut at = 0;
-                order.for_each_line(&resized, |c, line| {
-                    let channel = &table[c * 256 * width..(c + 1) * 256 * width];
-                    let dst = &mut data[at..at + line.len() / CHANNELS * width];
-                    for (d, px) in dst.chunks_exact_mut(width).zip(line.chunks_exact(CHANNELS)) {
-                        let x = usize::from(px[c]);
-                        d.copy_from_slice(&channel[x * width..(x + 1) * width]);
-                    }
-                    at += dst.len();
-                });
-                debug_assert_eq!(at, data.len());
-                Tensor {
-                    dtype: dtype.name(),
-                    shape: vec![rows, row_len],
-                    data,
-                }
-            }
-        };
+            };
         Ok(ProcessedImage {
             grid_thw: [1, gh as i64, gw as i64],
-            pixel_values,
-            num_tokens: rows / (m * m),
+            num_tokens: gh * gw / (m * m),
+            planes,
+            width: w,
+            height: h,
+            patch_size: p,
+            merge_size: m,
+            temporal_patch_size: self.temporal_patch_size,
+            encoding,
         })
-    }
-}
-
-/// The row order of `pixel_values`: merge window (gh/m, gw/m), then the patch inside it
-/// (m, m); each row is channel-major with the frame repeated T times: `[C, T, P, P]`.
-struct PatchOrder {
-    p: usize,
-    m: usize,
-    t: usize,
-    gh: usize,
-    gw: usize,
-    /// Image width in pixels.
-    w: usize,
-}
-
-impl PatchOrder {
-    /// Calls `emit(channel, line)` for each patch line in output order, where `line` is the
-    /// `P` interleaved RGB pixels (`P * 3` bytes) of the resized image that line reads.
-    fn for_each_line(&self, resized: &[u8], mut emit: impl FnMut(usize, &[u8])) {
-        let (p, m) = (self.p, self.m);
-        for bh in 0..self.gh / m {
-            for bw in 0..self.gw / m {
-                for mh in 0..m {
-                    for mw in 0..m {
-                        let y0 = (bh * m + mh) * p;
-                        let x0 = (bw * m + mw) * p;
-                        for c in 0..CHANNELS {
-                            for _ in 0..self.t {
-                                for py in 0..p {
-                                    let start = ((y0 + py) * self.w + x0) * CHANNELS;
-                                    emit(c, &resized[start..start + p * CHANNELS]);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! cubic with a = -0.5, support scaled by the downscale factor) but with the weights rounded
 //! to `i16` at a per-axis precision (`_compute_indices_int16_weights_aa` in
 //! `aten/src/ATen/native/cpu/UpSampleKernel.cpp`). Horizontal pass first, then vertical, each
-//! rounded back to `u8`; an axis whose size does not change is not filtered.
+//! rounded back to `u8`; an axis whose size does not change is not filtered. The result is
+//! planar (R, G, B planes), the layout the patches are cut from.
 
 /// The taps of one output pixel along one axis.
 struct Taps {
@@ -98,9 +99,11 @@ impl AxisFilter {
     }
 }
 
-/// Resizes an interleaved RGB image (`width * height * 3` bytes) to `out_w` x `out_h`.
+/// Resizes an interleaved RGB image (`width * height * 3` bytes) to `out_w` x `out_h`, and
+/// returns it as three planes (R, G, B), `out_w * out_h` bytes each, one after another: the
+/// layout `pixel_values` rows read from (each patch line is a run of one plane).
 #[allow(unsafe_code)]
-pub fn resize_rgb8_bicubic_aa(
+pub fn resize_rgb8_bicubic_aa_planar(
     src: &[u8],
     width: usize,
     height: usize,
@@ -123,21 +126,44 @@ fn resize_avx2(src: &[u8], width: usize, height: usize, out_w: usize, out_h: usi
     resize(src, width, height, out_w, out_h)
 }
 
+const C: usize = 3;
+
+/// Interleaved RGB to three planes.
+#[inline(always)]
+fn deinterleave(src: &[u8], pixels: usize) -> Vec<u8> {
+    let mut out = vec![0u8; pixels * C];
+    let (r, gb) = out.split_at_mut(pixels);
+    let (g, b) = gb.split_at_mut(pixels);
+    for (((px, r), g), b) in src.chunks_exact(C).zip(r).zip(g).zip(b) {
+        (*r, *g, *b) = (px[0], px[1], px[2]);
+    }
+    out
+}
+
 #[inline(always)]
 fn resize(src: &[u8], width: usize, height: usize, out_w: usize, out_h: usize) -> Vec<u8> {
-    const C: usize = 3;
     debug_assert_eq!(src.len(), width * height * C);
-    let horizontal;
-    let (rows, row_w): (&[u8], usize) = if out_w != width {
+    // Horizontal pass (or none), interleaved in, planar out.
+    let planes = if out_w != width {
         let f = AxisFilter::new(width, out_w);
-        let mut out = vec![0u8; height * out_w * C];
+        let plane = height * out_w;
+        let mut out = vec![0u8; plane * C];
+        let (r_plane, gb) = out.split_at_mut(plane);
+        let (g_plane, b_plane) = gb.split_at_mut(plane);
         let round = 1i32 << (f.precision - 1);
-        for (in_row, out_row) in src
+        for (((in_row, r_row), g_row), b_row) in src
             .chunks_exact(width * C)
-            .zip(out.chunks_exact_mut(out_w * C))
+            .zip(r_plane.chunks_exact_mut(out_w))
+            .zip(g_plane.chunks_exact_mut(out_w))
+            .zip(b_plane.chunks_exact_mut(out_w))
         {
             // The three channels of a pixel share its taps: one pass over them.
-            for (x, px) in out_row.chunks_exact_mut(C).enumerate() {
+            for (x, ((r_out, g_out), b_out)) in r_row
+                .iter_mut()
+                .zip(g_row.iter_mut())
+                .zip(b_row)
+                .enumerate()
+            {
                 let t = &f.taps[x];
                 let w = &f.weights[x * f.ksize..x * f.ksize + t.len];
                 let input = &in_row[t.start * C..(t.start + t.len) * C];
@@ -148,38 +174,42 @@ fn resize(src: &[u8], width: usize, height: usize, out_w: usize, out_h: usize) -
                     g += i32::from(rgb[1]) * wk;
                     b += i32::from(rgb[2]) * wk;
                 }
-                px[0] = (r >> f.precision).clamp(0, 255) as u8;
-                px[1] = (g >> f.precision).clamp(0, 255) as u8;
-                px[2] = (b >> f.precision).clamp(0, 255) as u8;
+                *r_out = (r >> f.precision).clamp(0, 255) as u8;
+                *g_out = (g >> f.precision).clamp(0, 255) as u8;
+                *b_out = (b >> f.precision).clamp(0, 255) as u8;
             }
         }
-        horizontal = out;
-        (&horizontal, out_w)
+        out
     } else {
-        (src, width)
+        deinterleave(src, width * height)
     };
     if out_h == height {
-        return rows.to_vec();
+        return planes;
     }
+    // Vertical pass, plane by plane: each output row is a weighted sum of whole input rows,
+    // so the inner loop runs over contiguous bytes and vectorizes; integer sums, so the
+    // order changes nothing.
     let f = AxisFilter::new(height, out_h);
-    let stride = row_w * C;
-    let mut out = vec![0u8; out_h * stride];
-    // Whole rows at a time (a weighted sum of input rows), so the inner loop runs over
-    // contiguous bytes and vectorizes; integer sums, so the order changes nothing.
-    let mut acc = vec![0i32; stride];
-    for (y, out_row) in out.chunks_exact_mut(stride).enumerate() {
-        let t = &f.taps[y];
-        let w = &f.weights[y * f.ksize..y * f.ksize + t.len];
-        acc.fill(1 << (f.precision - 1));
-        for (k, &wk) in w.iter().enumerate() {
-            let wk = i32::from(wk);
-            let row = &rows[(t.start + k) * stride..(t.start + k + 1) * stride];
-            for (a, &v) in acc.iter_mut().zip(row) {
-                *a += i32::from(v) * wk;
+    let mut out = vec![0u8; out_h * out_w * C];
+    let mut acc = vec![0i32; out_w];
+    for (plane, out_plane) in planes
+        .chunks_exact(height * out_w)
+        .zip(out.chunks_exact_mut(out_h * out_w))
+    {
+        for (y, out_row) in out_plane.chunks_exact_mut(out_w).enumerate() {
+            let t = &f.taps[y];
+            let w = &f.weights[y * f.ksize..y * f.ksize + t.len];
+            acc.fill(1 << (f.precision - 1));
+            for (k, &wk) in w.iter().enumerate() {
+                let wk = i32::from(wk);
+                let row = &plane[(t.start + k) * out_w..(t.start + k + 1) * out_w];
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a += i32::from(v) * wk;
+                }
             }
-        }
-        for (o, &a) in out_row.iter_mut().zip(&acc) {
-            *o = (a >> f.precision).clamp(0, 255) as u8;
+            for (o, &a) in out_row.iter_mut().zip(&acc) {
+                *o = (a >> f.precision).clamp(0, 255) as u8;
+            }
         }
     }
     out
@@ -192,9 +222,10 @@ mod tests {
     #[test]
     fn a_flat_image_stays_flat_up_and_down() {
         let src = [200u8, 10, 30].repeat(7 * 5);
-        for (w, h) in [(14, 10), (3, 2), (7, 9)] {
-            let out = resize_rgb8_bicubic_aa(&src, 7, 5, w, h);
-            assert_eq!(out, [200u8, 10, 30].repeat(w * h), "{w}x{h}");
+        for (w, h) in [(14, 10), (3, 2), (7, 9), (7, 5), (7, 3), (4, 5)] {
+            let out = resize_rgb8_bicubic_aa_planar(&src, 7, 5, w, h);
+            let planes = [200u8, 10, 30].map(|v| vec![v; w * h]).concat();
+            assert_eq!(out, planes, "{w}x{h}");
         }
     }
 
