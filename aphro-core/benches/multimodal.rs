@@ -8,6 +8,11 @@ use aphro_core::multimodal::{
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde_json::json;
 
+/// The allocator the `aphro` server runs with: each render allocates and frees tens of
+/// megabytes, and what that costs in page faults depends on the allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A 1920×1080 JPEG (quality 90) with smooth gradients and fine texture, like a photo.
 fn synthetic_jpeg(w: u32, h: u32) -> Vec<u8> {
     let img = image::RgbImage::from_fn(w, h, |x, y| {

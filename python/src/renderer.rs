@@ -1,5 +1,5 @@
 //! `aphro.Renderer`: OpenAI chat / completion requests -> token-in `GenerateRequest`s.
-use crate::convert::{ser_to_py, to_value};
+use crate::convert::{ser_to_py, to_py, to_value};
 use crate::errors::{self, CoreResultExt};
 use crate::model::{load_any, PyModel};
 use aphro_core::protocol::{DetokenizeRequest, TokenizeRequest};
@@ -178,7 +178,15 @@ impl PyRenderer {
             parse_chat_request(&body)
                 .and_then(|req| r.render_chat_with_id(&req, request_id.as_deref()))
         });
-        ser_to_py(py, &out.py_err(py)?)
+        let mut out = out.py_err(py)?;
+        // `features` is moved across, not serialized: its `kwargs_data` blobs run to tens of
+        // megabytes, and `ser_to_py` would copy them once more on the way.
+        let features = out.features.take();
+        let dict = ser_to_py(py, &out)?;
+        if let Some(f) = features {
+            dict.set_item("features", to_py(py, &f)?)?;
+        }
+        Ok(dict)
     }
 
     /// Renders a completion request (the body of `POST /v1/completions`) to the list of
