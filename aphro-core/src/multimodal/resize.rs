@@ -115,9 +115,12 @@ pub fn resize_rgb8_bicubic_aa_planar(
         let vbmi = std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vbmi");
-        // SAFETY: AVX2 is present (checked at run time); the body is safe code apart from
-        // the VBMI pass, which runs only when `vbmi` says the CPU has it.
-        return unsafe { resize_avx2(src, width, height, out_w, out_h, vbmi) };
+        if vbmi {
+            // SAFETY: AVX-512 F/BW/VBMI are present (checked at run time).
+            return unsafe { resize_avx512(src, width, height, out_w, out_h) };
+        }
+        // SAFETY: AVX2 is present (checked at run time); the body is safe code.
+        return unsafe { resize_avx2(src, width, height, out_w, out_h) };
     }
     resize(src, width, height, out_w, out_h, false)
 }
@@ -126,15 +129,16 @@ pub fn resize_rgb8_bicubic_aa_planar(
 /// 32-bit multiply), and the integer results are identical.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn resize_avx2(
-    src: &[u8],
-    width: usize,
-    height: usize,
-    out_w: usize,
-    out_h: usize,
-    vbmi: bool,
-) -> Vec<u8> {
-    resize(src, width, height, out_w, out_h, vbmi)
+fn resize_avx2(src: &[u8], width: usize, height: usize, out_w: usize, out_h: usize) -> Vec<u8> {
+    resize(src, width, height, out_w, out_h, false)
+}
+
+/// The same code for AVX-512 with VBMI: the horizontal pass in [`vbmi`], the row sums of the
+/// vertical pass 16 lanes wide.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vbmi")]
+fn resize_avx512(src: &[u8], width: usize, height: usize, out_w: usize, out_h: usize) -> Vec<u8> {
+    resize(src, width, height, out_w, out_h, true)
 }
 
 /// The portable code alone (what the SIMD passes are checked against).
