@@ -354,19 +354,29 @@ mod vbmi {
     ) {
         let plane = height * out_w;
         assert!(src.len() >= width * height * C && out.len() >= plane * C);
-        // Each row is copied into a buffer 128 bytes longer, so every window load is in
-        // bounds (the bytes past the row meet zero weights).
-        let mut row = vec![0u8; width * C + 128];
+        // Windows are read in place; one whose 128 bytes would run past the image (at the
+        // end of the last rows) reads a copy of its row in a buffer 128 bytes longer. The
+        // bytes past a row meet zero weights.
+        let mut padded = vec![0u8; width * C + 128];
         let round = _mm512_set1_epi32(1 << (f.precision - 1));
         let shift = _mm_cvtsi32_si128(f.precision as i32);
         let zero = _mm512_setzero_si512();
         const EVEN_BYTES: u64 = 0x5555_5555_5555_5555;
         for y in 0..height {
-            row[..width * C].copy_from_slice(&src[y * width * C..(y + 1) * width * C]);
+            let row = &src[y * width * C..(y + 1) * width * C];
+            let in_place = y * width * C + width * C + 128 <= src.len();
+            if !in_place {
+                padded[..width * C].copy_from_slice(row);
+            }
             for s in 0..plan.steps {
-                // SAFETY: base * C + 128 <= width * C + 128 = row.len(), since every tap
-                // starts inside the row.
-                let at = row.as_ptr().add(plan.base[s] * C);
+                // SAFETY: base * C + 128 <= width * C + 128, since every tap starts inside
+                // the row: in place, the image has 128 bytes past this row's end; else
+                // `padded` is that long.
+                let at = if in_place {
+                    row.as_ptr().add(plan.base[s] * C)
+                } else {
+                    padded.as_ptr().add(plan.base[s] * C)
+                };
                 let lo = _mm512_loadu_si512(at.cast());
                 let hi = _mm512_loadu_si512(at.add(64).cast());
                 let mut acc = [round; C];
