@@ -113,6 +113,12 @@ enum Command {
         /// `Abort`, or `Stop` when the consumer ended it at a stop string.
         reason: FinishReason,
     },
+    /// End one choice of a request (its consumer found a stop string in it).
+    StopChoice {
+        request_id: String,
+        ticket: u64,
+        index: usize,
+    },
     /// Die as a runner failure would, with this reason ([`Engine::inject_failure`]).
     Fail(String),
     /// Reset the prefix cache; reply whether it was (refused while requests hold blocks).
@@ -479,6 +485,18 @@ impl GenerateStream {
         self.end(FinishReason::Stop);
     }
 
+    /// End one choice of an `n > 1` request because its consumer found a stop string in
+    /// it: its blocks are freed before the next step while the other choices go on.
+    pub fn stop_choice(&self, index: usize) {
+        if let (false, Some(cmd)) = (self.done, &self.cmd) {
+            let _ = cmd.send(Command::StopChoice {
+                request_id: self.request_id.clone(),
+                ticket: self.ticket,
+                index,
+            });
+        }
+    }
+
     fn end(&mut self, reason: FinishReason) {
         if !self.done {
             self.done = true;
@@ -556,6 +574,16 @@ fn run_loop(mut core: EngineCore, rx: Receiver<Command>, shared: &Shared) {
                         route(&core, &mut clients, outs);
                     }
                 }
+                Command::StopChoice {
+                    request_id,
+                    ticket,
+                    index,
+                } => {
+                    if clients.get(&request_id).is_some_and(|c| c.ticket == ticket) {
+                        let outs = core.end_choice(&request_id, index);
+                        route(&core, &mut clients, outs);
+                    }
+                }
                 Command::Snapshot(reply) => {
                     let _ = reply.send(core.metrics().clone());
                 }
@@ -622,7 +650,7 @@ fn die(
             Command::Add { tx, .. } => {
                 let _ = tx.send(Err(EngineError::Dead(msg.clone())));
             }
-            Command::Abort { .. } => {}
+            Command::Abort { .. } | Command::StopChoice { .. } => {}
             Command::ResetPrefixCache(reply) => {
                 let _ = reply.send(false);
             }

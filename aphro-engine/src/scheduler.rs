@@ -400,6 +400,44 @@ impl EngineCore {
         outs
     }
 
+    /// End one choice of an `n > 1` request whose consumer found a stop string in it, as the
+    /// engine ends a choice at EOS: its blocks are freed before the next step and the other
+    /// choices go on. Emits the choice's `finish_reason = stop` (the consumer has already
+    /// ended it and ignores this; it closes the stream when this was the last choice).
+    /// Nothing happens for an unknown request or choice, a finished one, or one not yet
+    /// forked from the shared prompt (it ends with its request).
+    pub fn end_choice(&mut self, request_id: &str, index: usize) -> Vec<EngineOutput> {
+        let Some(req) = self.requests.get(request_id) else {
+            return Vec::new();
+        };
+        let found = req.seqs.iter().copied().find(|id| {
+            self.seqs
+                .get(id)
+                .is_some_and(|seq| seq.forked && seq.choice == index)
+        });
+        let Some(seq_id) = found else {
+            return Vec::new();
+        };
+        let completion_tokens = self.seqs[&seq_id].output_len(req.prompt_len);
+        let out = EngineOutput {
+            request_id: request_id.to_string(),
+            index,
+            token_ids: Vec::new(),
+            logprobs: req.plan.logprobs.map(|_| Vec::new()),
+            prompt_logprobs: None,
+            finish_reason: Some(FinishReason::Stop),
+            stop_reason: None,
+            usage: Usage {
+                prompt_tokens: req.prompt_len,
+                completion_tokens,
+                cached_tokens: req.cached_tokens,
+            },
+        };
+        self.finish_seq(seq_id, FinishReason::Stop);
+        self.refresh_gauges();
+        vec![out]
+    }
+
     /// Abort everything (shutdown, or a dead runner).
     pub fn abort_all(&mut self) -> Vec<EngineOutput> {
         let ids: Vec<String> = self.requests.keys().cloned().collect();

@@ -413,6 +413,74 @@ fn n_greater_than_one_shares_the_prompt_and_copies_on_write() {
 }
 
 #[test]
+fn one_choice_ended_by_its_consumer_frees_its_blocks_while_the_others_go_on() {
+    let p = prompt(9, 6);
+    let single = |seed: i64| {
+        let (mut core, _) = Setup::roomy(false).core();
+        let mut res = Results::new();
+        core.add_request(sampled("x", p.clone(), Some(seed), 1))
+            .expect("add");
+        run_to_end(&mut core, &mut res);
+        res[&("x".into(), 0)].tokens.clone()
+    };
+    let (mut core, _) = Setup::roomy(false).core();
+    let mut res = Results::new();
+    core.add_request(sampled("m", p.clone(), Some(99), 3))
+        .expect("add");
+    // Before the prompt is computed the choices are not forked: nothing to end alone.
+    assert!(core.end_choice("m", 1).is_empty());
+    for _ in 0..5 {
+        collect(&mut res, core.step().expect("step"));
+    }
+    assert_eq!(core.num_running(), 3);
+    let in_use = core.block_manager().num_in_use();
+    let ended = core.end_choice("m", 1);
+    assert_eq!(ended.len(), 1);
+    assert_eq!(
+        (ended[0].index, ended[0].finish_reason),
+        (1, Some(FinishReason::Stop))
+    );
+    assert_eq!(ended[0].usage.completion_tokens, 5);
+    collect(&mut res, ended);
+    assert_eq!(
+        core.num_running(),
+        2,
+        "the ended choice is no longer scheduled"
+    );
+    assert!(
+        core.block_manager().num_in_use() < in_use,
+        "its blocks were freed"
+    );
+    // Unknown, already ended or out-of-range choices change nothing.
+    assert!(core.end_choice("m", 1).is_empty());
+    assert!(core.end_choice("m", 7).is_empty());
+    assert!(core.end_choice("nope", 0).is_empty());
+    run_to_end(&mut core, &mut res);
+    assert_eq!(res[&("m".into(), 1)].tokens.len(), 5);
+    for i in [0, 2] {
+        let c = &res[&("m".into(), i)];
+        assert_eq!(
+            c.tokens,
+            single(99 + i as i64),
+            "choice {i} goes on as alone"
+        );
+        assert_eq!(c.finish, Some(FinishReason::Length));
+    }
+    assert_clean(&core);
+
+    // Ending every choice one by one ends the request.
+    let (mut core, _) = Setup::roomy(true).core();
+    core.add_request(sampled("k", p.clone(), Some(5), 2))
+        .expect("add");
+    core.step().expect("step");
+    assert_eq!(core.end_choice("k", 0).len(), 1);
+    assert_eq!(core.end_choice("k", 1).len(), 1);
+    assert!(!core.has_request("k"));
+    assert_eq!(core.metrics().request_success.get("stop"), Some(&1));
+    assert_clean(&core);
+}
+
+#[test]
 fn priority_then_arrival_order() {
     let setup = Setup {
         blocks: 64,

@@ -349,6 +349,48 @@ fn text_mode_with_stop_strings() {
     assert_idle(&s);
 }
 
+/// With `n > 1`, a stop string that ends one choice stops the engine generating it, while
+/// the other choice comes out as it would have without the stop string.
+#[test]
+fn a_stop_string_ends_one_choice_of_several_in_the_engine() {
+    let s = engine(small());
+    let prompt = ids(&case("chat-capital-france")["prompt_token_ids"]);
+    let req = |stop: Value| {
+        let mut r = request(
+            "n2",
+            prompt.clone(),
+            json!({"temperature": 1.0, "seed": 11, "n": 2, "max_tokens": 40,
+                   "ignore_eos": true, "stop": stop}),
+        );
+        r.output_mode = "text".into();
+        r
+    };
+    let generated = |s: &ServingEngine| s.metrics_synced().generation_tokens_total;
+    let free_run = full(&s, req(json!([])));
+    let text = |v: &Value, i: usize| v["choices"][i]["text"].as_str().expect("text").to_owned();
+    let (first, second) = (text(&free_run, 0), text(&free_run, 1));
+    let before = generated(&s);
+    // A word early in choice 0's text that choice 1's text lacks.
+    let stop = first
+        .split_inclusive(' ')
+        .take(6)
+        .map(str::trim)
+        .find(|w| w.len() > 1 && !second.contains(w))
+        .expect("a word only choice 0 has")
+        .to_owned();
+    let cut = full(&s, req(json!([stop])));
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+    assert_eq!(cut["choices"][0]["stop_reason"], json!(stop));
+    assert!(first.starts_with(cut["choices"][0]["text"].as_str().expect("text")));
+    assert_eq!(text(&cut, 1), second, "the other choice is unaffected");
+    assert_eq!(cut["choices"][1]["finish_reason"], "length");
+    // 80 tokens without the stop string; with it, choice 0's are cut a few steps after the
+    // stop (the stop is applied between engine steps).
+    let spent = generated(&s) - before;
+    assert!(spent <= 40 + 20, "choice 0 kept generating: {spent} tokens");
+    assert_idle(&s);
+}
+
 /// §4.2/§4.3 shapes: ids, key presence, logprobs, usage events.
 #[test]
 fn wire_shapes() {

@@ -1424,6 +1424,7 @@ impl ServingStream {
                         self.prompt_logprobs = out.prompt_logprobs.take();
                     }
                     let idx = out.index;
+                    let engine_finished = out.finished();
                     let Some(delta) = self.choices.get_mut(idx).and_then(|c| c.process(out)) else {
                         continue;
                     };
@@ -1432,6 +1433,12 @@ impl ServingStream {
                         // (its blocks are freed before the next step) as finished by stop.
                         if let Some(inner) = self.inner.take() {
                             inner.stop();
+                        }
+                    } else if !engine_finished && self.choices[idx].finished {
+                        // A stop string ended this choice alone: the engine stops
+                        // generating it while the others go on.
+                        if let Some(inner) = &self.inner {
+                            inner.stop_choice(idx);
                         }
                     }
                     return Some(Ok((idx, delta)));
