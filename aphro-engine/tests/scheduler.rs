@@ -330,6 +330,16 @@ fn sampled(id: &str, p: Vec<u32>, seed: Option<i64>, n: i64) -> EngineRequest {
     EngineRequest::new(id, p, cfg)
 }
 
+/// The tokens of a one-choice sampled request run alone with `seed`.
+fn sampled_alone(p: &[u32], seed: i64) -> Vec<u32> {
+    let (mut core, _) = Setup::roomy(false).core();
+    let mut res = Results::new();
+    core.add_request(sampled("x", p.to_vec(), Some(seed), 1))
+        .expect("add");
+    run_to_end(&mut core, &mut res);
+    res[&("x".into(), 0)].tokens.clone()
+}
+
 #[test]
 fn seeded_sampling_is_reproducible_across_runs_and_batches() {
     let p = prompt(5, 29);
@@ -373,14 +383,7 @@ fn seeded_sampling_is_reproducible_across_runs_and_batches() {
 fn n_greater_than_one_shares_the_prompt_and_copies_on_write() {
     // Prompt of 6 tokens with block size 4: the forked choices share a partial block.
     let p = prompt(9, 6);
-    let single = |seed: i64| {
-        let (mut core, _) = Setup::roomy(false).core();
-        let mut res = Results::new();
-        core.add_request(sampled("x", p.clone(), Some(seed), 1))
-            .expect("add");
-        run_to_end(&mut core, &mut res);
-        res[&("x".into(), 0)].tokens.clone()
-    };
+    let single = |seed: i64| sampled_alone(&p, seed);
     for setup in [Setup::roomy(false), Setup::roomy(true), Setup::tiny(false)] {
         let (mut core, log) = setup.core();
         let mut res = Results::new();
@@ -415,14 +418,7 @@ fn n_greater_than_one_shares_the_prompt_and_copies_on_write() {
 #[test]
 fn one_choice_ended_by_its_consumer_frees_its_blocks_while_the_others_go_on() {
     let p = prompt(9, 6);
-    let single = |seed: i64| {
-        let (mut core, _) = Setup::roomy(false).core();
-        let mut res = Results::new();
-        core.add_request(sampled("x", p.clone(), Some(seed), 1))
-            .expect("add");
-        run_to_end(&mut core, &mut res);
-        res[&("x".into(), 0)].tokens.clone()
-    };
+    let single = |seed: i64| sampled_alone(&p, seed);
     let (mut core, _) = Setup::roomy(false).core();
     let mut res = Results::new();
     core.add_request(sampled("m", p.clone(), Some(99), 3))
