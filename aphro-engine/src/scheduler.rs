@@ -120,6 +120,31 @@ impl Seq {
     }
 }
 
+/// The output that ends `choice` of a request before the engine finished it (an abort, or
+/// a stop string the consumer found): no new tokens, the usage so far.
+fn ended_output(
+    request_id: &str,
+    req: &Request,
+    seq: &Seq,
+    choice: usize,
+    reason: FinishReason,
+) -> EngineOutput {
+    EngineOutput {
+        request_id: request_id.to_string(),
+        index: choice,
+        token_ids: Vec::new(),
+        logprobs: req.plan.logprobs.map(|_| Vec::new()),
+        prompt_logprobs: None,
+        finish_reason: Some(reason),
+        stop_reason: None,
+        usage: Usage {
+            prompt_tokens: req.prompt_len,
+            completion_tokens: seq.output_len(req.prompt_len),
+            cached_tokens: req.cached_tokens,
+        },
+    }
+}
+
 struct Scheduled {
     seq_id: u64,
     num_tokens: usize,
@@ -374,20 +399,7 @@ impl EngineCore {
                     0..req.plan.n
                 };
                 for choice in choices {
-                    outs.push(EngineOutput {
-                        request_id: request_id.to_string(),
-                        index: choice,
-                        token_ids: Vec::new(),
-                        logprobs: req.plan.logprobs.map(|_| Vec::new()),
-                        prompt_logprobs: None,
-                        finish_reason: Some(reason),
-                        stop_reason: None,
-                        usage: Usage {
-                            prompt_tokens: req.prompt_len,
-                            completion_tokens: seq.output_len(req.prompt_len),
-                            cached_tokens: req.cached_tokens,
-                        },
-                    });
+                    outs.push(ended_output(request_id, &req, &seq, choice, reason));
                 }
             }
         }
@@ -418,21 +430,13 @@ impl EngineCore {
         let Some(seq_id) = found else {
             return Vec::new();
         };
-        let completion_tokens = self.seqs[&seq_id].output_len(req.prompt_len);
-        let out = EngineOutput {
-            request_id: request_id.to_string(),
+        let out = ended_output(
+            request_id,
+            req,
+            &self.seqs[&seq_id],
             index,
-            token_ids: Vec::new(),
-            logprobs: req.plan.logprobs.map(|_| Vec::new()),
-            prompt_logprobs: None,
-            finish_reason: Some(FinishReason::Stop),
-            stop_reason: None,
-            usage: Usage {
-                prompt_tokens: req.prompt_len,
-                completion_tokens,
-                cached_tokens: req.cached_tokens,
-            },
-        };
+            FinishReason::Stop,
+        );
         self.finish_seq(seq_id, FinishReason::Stop);
         self.refresh_gauges();
         vec![out]
