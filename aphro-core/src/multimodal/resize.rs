@@ -258,11 +258,19 @@ fn resize(
         for (y, out_row) in out_plane.chunks_exact_mut(out_w).enumerate() {
             let t = &f.taps[y];
             let w = &f.weights[y * f.ksize..y * f.ksize + t.len];
+            let rows = &plane[t.start * out_w..(t.start + t.len) * out_w];
+            #[cfg(target_arch = "x86_64")]
+            if vbmi {
+                // SAFETY: the caller checked AVX-512 F/BW at run time.
+                #[allow(unsafe_code)]
+                let done = unsafe { vbmi::vertical_row(rows, out_w, w, f.precision, out_row) };
+                vertical_columns(rows, out_w, w, f.precision, done, out_row);
+                continue;
+            }
             acc.fill(1 << (f.precision - 1));
             for (k, &wk) in w.iter().enumerate() {
                 let wk = i32::from(wk);
-                let row = &plane[(t.start + k) * out_w..(t.start + k + 1) * out_w];
-                for (a, &v) in acc.iter_mut().zip(row) {
+                for (a, &v) in acc.iter_mut().zip(&rows[k * out_w..(k + 1) * out_w]) {
                     *a += i32::from(v) * wk;
                 }
             }
@@ -272,6 +280,26 @@ fn resize(
         }
     }
     out
+}
+
+/// Output pixels `from..` of one row of the vertical pass, column by column: `rows` are the
+/// taps' input rows (`stride` bytes each), `w` their weights.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn vertical_columns(
+    rows: &[u8],
+    stride: usize,
+    w: &[i16],
+    precision: u32,
+    from: usize,
+    out: &mut [u8],
+) {
+    for (x, o) in out.iter_mut().enumerate().skip(from) {
+        let mut a = 1i32 << (precision - 1);
+        for (k, &wk) in w.iter().enumerate() {
+            a += i32::from(rows[k * stride + x]) * i32::from(wk);
+        }
+        *o = (a >> precision).clamp(0, 255) as u8;
+    }
 }
 
 /// The horizontal pass with AVX-512 VBMI, 16 outputs of a row at a time: the interleaved
@@ -401,6 +429,60 @@ mod vbmi {
         if plan.steps * LANES < out_w {
             horizontal_scalar(f, src, width, height, out_w, plan.steps * LANES, out);
         }
+    }
+
+    /// One output row of the vertical pass, 32 outputs at a time: the taps' rows (`rows`,
+    /// `stride` bytes each, weights `w`) go in pairs, their bytes widened to 16 bits and
+    /// interleaved so one `madd` applies both weights; the sums, shift and clamp are the
+    /// scalar pass's. Returns how many leading outputs it wrote (a multiple of 32).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn vertical_row(
+        rows: &[u8],
+        stride: usize,
+        w: &[i16],
+        precision: u32,
+        out: &mut [u8],
+    ) -> usize {
+        let taps = w.len();
+        if taps == 0 || out.len() > stride || rows.len() < taps * stride {
+            return 0;
+        }
+        let round = _mm512_set1_epi32(1 << (precision - 1));
+        let shift = _mm_cvtsi32_si128(precision as i32);
+        let (zero, max) = (_mm512_setzero_si512(), _mm512_set1_epi16(255));
+        let mut x = 0;
+        while x + 32 <= out.len() {
+            let (mut lo, mut hi) = (round, round);
+            for k0 in (0..taps).step_by(2) {
+                // An odd last tap pairs with itself at weight zero.
+                let (k1, w1) = if k0 + 1 < taps {
+                    (k0 + 1, w[k0 + 1])
+                } else {
+                    (k0, 0)
+                };
+                let pair = u32::from(w[k0] as u16) | (u32::from(w1 as u16) << 16);
+                let weights = _mm512_set1_epi32(pair as i32);
+                // SAFETY: k * stride + x + 32 <= taps * stride <= rows.len(), as x + 32 <=
+                // out.len() <= stride.
+                let a = _mm256_loadu_si256(rows.as_ptr().add(k0 * stride + x).cast());
+                let b = _mm256_loadu_si256(rows.as_ptr().add(k1 * stride + x).cast());
+                let (a, b) = (_mm512_cvtepu8_epi16(a), _mm512_cvtepu8_epi16(b));
+                // Per 128-bit lane: columns 0-3 (lo) and 4-7 (hi) of its 8.
+                lo = _mm512_add_epi32(lo, _mm512_madd_epi16(_mm512_unpacklo_epi16(a, b), weights));
+                hi = _mm512_add_epi32(hi, _mm512_madd_epi16(_mm512_unpackhi_epi16(a, b), weights));
+            }
+            let (lo, hi) = (_mm512_sra_epi32(lo, shift), _mm512_sra_epi32(hi, shift));
+            // `packs` puts each lane's 4 + 4 columns back in order (saturating, which keeps
+            // the clamp's result).
+            let v = _mm512_min_epi16(_mm512_max_epi16(_mm512_packs_epi32(lo, hi), zero), max);
+            // SAFETY: x + 32 <= out.len().
+            _mm256_storeu_si256(out.as_mut_ptr().add(x).cast(), _mm512_cvtepi16_epi8(v));
+            x += 32;
+        }
+        x
     }
 }
 
