@@ -55,6 +55,14 @@ impl FloatDtype {
         }
     }
 
+    /// Bytes per element.
+    fn width(self) -> usize {
+        match self {
+            FloatDtype::Float32 => 4,
+            FloatDtype::BFloat16 | FloatDtype::Float16 => 2,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             FloatDtype::BFloat16 => "bfloat16",
@@ -90,12 +98,8 @@ enum PixelEncoding {
     /// The byte itself (`uint8`).
     Raw,
     /// Rescaled and normalized: the value depends only on (channel, byte), so `table` holds
-    /// the encoded bytes of all 3 × 256, `width` bytes each.
-    Table {
-        dtype: FloatDtype,
-        width: usize,
-        table: Vec<u8>,
-    },
+    /// the encoded bytes of all 3 × 256, `dtype.width()` bytes each.
+    Table { dtype: FloatDtype, table: Vec<u8> },
 }
 
 impl ProcessedImage {
@@ -118,7 +122,7 @@ impl ProcessedImage {
     fn element_width(&self) -> usize {
         match &self.encoding {
             PixelEncoding::Raw => 1,
-            PixelEncoding::Table { width, .. } => *width,
+            PixelEncoding::Table { dtype, .. } => dtype.width(),
         }
     }
 
@@ -148,25 +152,67 @@ impl ProcessedImage {
         let (p, m) = (self.patch_size, self.merge_size);
         let (gh, gw) = (self.height / p, self.width / p);
         let band_len = gw * m * CHANNELS * self.temporal_patch_size * p * p * self.element_width();
-        let mut band = vec![0u8; band_len];
+        // Room for the last 16-byte line store of a band of 14-byte lines.
+        let mut band = vec![0u8; band_len + LINE_SLACK];
         for bh in 0..gh / m {
             match (&self.encoding, p) {
-                (PixelEncoding::Raw, 14) => self.cut_band(bh, &mut band, 1, copy_line::<14>),
-                (PixelEncoding::Raw, 16) => self.cut_band(bh, &mut band, 1, copy_line::<16>),
+                (PixelEncoding::Raw, 14) => self.cut_band_raw::<14>(bh, &mut band),
+                (PixelEncoding::Raw, 16) => self.cut_band_raw::<16>(bh, &mut band),
                 (PixelEncoding::Raw, _) => {
                     self.cut_band(bh, &mut band, 1, |_, src, dst| dst.copy_from_slice(src))
                 }
-                (PixelEncoding::Table { width, table, .. }, _) => {
-                    self.cut_band(bh, &mut band, *width, |c, src, dst| {
+                (PixelEncoding::Table { dtype, table }, _) => {
+                    let width = dtype.width();
+                    self.cut_band(bh, &mut band, width, |c, src, dst| {
                         let channel = &table[c * 256 * width..(c + 1) * 256 * width];
-                        for (d, &x) in dst.chunks_exact_mut(*width).zip(src) {
+                        for (d, &x) in dst.chunks_exact_mut(width).zip(src) {
                             let x = usize::from(x);
                             d.copy_from_slice(&channel[x * width..(x + 1) * width]);
                         }
                     })
                 }
             }
-            sink(&band);
+            sink(&band[..band_len]);
+        }
+    }
+
+    /// [`Self::cut_band`] for `uint8` pixels with `P` ≤ 16: each patch line is moved as one
+    /// 16-byte load and store per frame. A store runs up to `16 - P` bytes past its line,
+    /// into the next line, which is written after it: the lines are stored in ascending
+    /// order, and `out` has [`LINE_SLACK`] bytes after the band for the last one.
+    #[inline(always)]
+    fn cut_band_raw<const P: usize>(&self, bh: usize, out: &mut [u8]) {
+        let (m, w) = (self.merge_size, self.width);
+        let planes = &self.planes[..];
+        let plane_len = w * self.height;
+        let block = P * P;
+        let mut at = 0;
+        for bw in 0..self.width / P / m {
+            for mh in 0..m {
+                for mw in 0..m {
+                    let y0 = (bh * m + mh) * P;
+                    let x0 = (bw * m + mw) * P;
+                    for c in 0..CHANNELS {
+                        let first = c * plane_len + y0 * w + x0;
+                        for _ in 0..self.temporal_patch_size {
+                            for py in 0..P {
+                                let src = first + py * w;
+                                // Fixed-size arrays: one 16-byte move, not a memcpy call.
+                                let dst: &mut [u8; LINE_SLACK] = (&mut out
+                                    [at + py * P..at + py * P + LINE_SLACK])
+                                    .try_into()
+                                    .expect("16 bytes");
+                                match planes.get(src..src + LINE_SLACK) {
+                                    Some(line) => *dst = line.try_into().expect("16 bytes"),
+                                    // The image's last line: no 16 bytes to read past it.
+                                    None => dst[..P].copy_from_slice(&planes[src..src + P]),
+                                }
+                            }
+                            at += block;
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -210,13 +256,8 @@ impl ProcessedImage {
     }
 }
 
-/// One patch line of `P` bytes, a fixed-size copy.
-#[inline(always)]
-fn copy_line<const P: usize>(_channel: usize, src: &[u8], dst: &mut [u8]) {
-    let src: &[u8; P] = src.try_into().expect("a patch line");
-    let dst: &mut [u8; P] = dst.try_into().expect("a patch line");
-    *dst = *src;
-}
+/// Bytes a patch line store may run past its line ([`ProcessedImage::cut_band_raw`]).
+const LINE_SLACK: usize = 16;
 
 fn usize_of(cfg: &Value, key: &str, default: usize) -> usize {
     cfg.get(key)
@@ -352,10 +393,7 @@ impl QwenVlProcessor {
                     let inv = (1.0 / self.rescale_factor) as f32;
                     let mean = self.image_mean.map(|v| v * inv);
                     let std = self.image_std.map(|v| v * inv);
-                    let width = match dtype {
-                        FloatDtype::Float32 => 4,
-                        _ => 2,
-                    };
+                    let width = dtype.width();
                     let mut table = vec![0u8; CHANNELS * 256 * width];
                     for (i, entry) in table.chunks_exact_mut(width).enumerate() {
                         let (c, x) = (i / 256, i % 256);
@@ -368,11 +406,7 @@ impl QwenVlProcessor {
                             FloatDtype::Float32 => entry.copy_from_slice(&v.to_le_bytes()),
                         }
                     }
-                    PixelEncoding::Table {
-                        dtype,
-                        width,
-                        table,
-                    }
+                    PixelEncoding::Table { dtype, table }
                 }
             };
         Ok(ProcessedImage {
