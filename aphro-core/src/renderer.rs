@@ -4,6 +4,7 @@ use crate::content_parts::{ContentCapabilities, Modality};
 use crate::error::{Error, Result};
 use crate::harmony::{HarmonyOptions, HarmonyRenderer};
 use crate::model::{GenerationDefaults, Model, DEFAULT_MAX_MODEL_LEN};
+use crate::multimodal::KwargsPayload;
 use crate::protocol::*;
 use crate::template::{Clock, ContentFormat, SystemClock};
 use crate::tokenizer::Tokenizer;
@@ -472,6 +473,22 @@ impl Renderer {
         req: &ChatCompletionRequest,
         header_request_id: Option<&str>,
     ) -> Result<GenerateRequest> {
+        let (mut out, payload) = self.render_chat_with_pending_kwargs(req, header_request_id)?;
+        if let (Some(payload), Some(features)) = (payload, out.features.as_mut()) {
+            payload.fill(features);
+        }
+        Ok(out)
+    }
+
+    /// As [`Self::render_chat_with_id`], with the `kwargs_data` blobs of an image request
+    /// not yet encoded: `features.kwargs_data.image` holds a `null` per image, and the
+    /// payload writes each blob's base64 text wherever the caller keeps it (the Python
+    /// binding writes it straight into a `str`, saving a copy of tens of megabytes).
+    pub fn render_chat_with_pending_kwargs(
+        &self,
+        req: &ChatCompletionRequest,
+        header_request_id: Option<&str>,
+    ) -> Result<(GenerateRequest, Option<KwargsPayload>)> {
         validate_chat(req)?;
         self.check_model(req.model.as_deref())?;
         self.options
@@ -481,7 +498,10 @@ impl Renderer {
         self.check_tool_parsing(req)?;
         let (mut ids, offsets, normalized_tools) =
             self.render_chat_ids(req, req.return_token_offsets)?;
-        let features = self.chat_image_features(req, &mut ids)?;
+        let (features, payload) = match self.chat_image_features(req, &mut ids)? {
+            Some((features, payload)) => (Some(features), payload),
+            None => (None, None),
+        };
         truncate_prompt(
             &mut ids,
             req.truncate_prompt_tokens,
@@ -597,7 +617,7 @@ impl Renderer {
             req.ec_transfer_params.as_ref(),
             req.vllm_xargs.as_ref(),
         );
-        Ok(GenerateRequest {
+        let rendered = GenerateRequest {
             request_id: format!("chatcmpl-{base}"),
             token_ids: ids,
             sampling_params: sp,
@@ -617,16 +637,18 @@ impl Renderer {
             token_offsets: if features.is_some() { None } else { offsets },
             features,
             content_parts: None,
-        })
+        };
+        Ok((rendered, payload))
     }
 
     /// With a vision model: processes the request's images, replaces each template
-    /// `<|image_pad|>` in `ids` with the image's run, and returns the `features` object.
+    /// `<|image_pad|>` in `ids` with the image's run, and returns the `features` object
+    /// (its `kwargs_data` pending) and the payload.
     fn chat_image_features(
         &self,
         req: &ChatCompletionRequest,
         ids: &mut Vec<u32>,
-    ) -> Result<Option<Value>> {
+    ) -> Result<Option<(Value, Option<KwargsPayload>)>> {
         let Some(vision) = &self.options.vision else {
             return Ok(None);
         };
@@ -639,8 +661,8 @@ impl Renderer {
         let (expanded, placeholders) = vision.expand_placeholders(ids, &feats)?;
         *ids = expanded;
         let with_payload = req.mm_payload.as_deref() != Some("none");
-        Ok(Some(crate::multimodal::features_json(
-            &feats,
+        Ok(Some(crate::multimodal::features_json_pending(
+            feats,
             &placeholders,
             with_payload,
         )))

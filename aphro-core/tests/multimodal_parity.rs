@@ -6,7 +6,8 @@
 mod common;
 
 use aphro_core::multimodal::{
-    decode_data_url, features_json, ImageFeature, ImageInput, MultimodalOptions, VisionModel,
+    decode_data_url, features_json, features_json_pending, ImageFeature, ImageInput,
+    MultimodalOptions, VisionModel,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -169,6 +170,36 @@ fn check_success(case: &Value, model: &VisionModel, feats: &[ImageFeature]) -> V
             bad.push("payload present with mm_payload none".into());
         }
         return bad;
+    }
+    // The pending path (the Python binding's): same features but nulls, and blobs written
+    // into buffers of the announced length give vLLM's text.
+    let (pending, payload) = features_json_pending(feats.to_vec(), &placeholders, with_payload);
+    let payload = payload.expect("a payload");
+    let mut nulls = ours.clone();
+    for slot in nulls["kwargs_data"]["image"].as_array_mut().expect("blobs") {
+        *slot = Value::Null;
+    }
+    if pending != nulls {
+        bad.push("pending features differ beyond kwargs_data".into());
+    }
+    for (i, want) in f["kwargs_data"]["image"]
+        .as_array()
+        .expect("blobs")
+        .iter()
+        .enumerate()
+    {
+        let blob = payload.blob(i).expect("a blob per image");
+        let mut buf = vec![0u8; blob.base64_len()];
+        blob.write_base64(&mut buf).expect("exact length");
+        if sha256_hex(&buf) != want["b64_sha256"] {
+            bad.push(format!("pending kwargs_data[{i}] differs"));
+        }
+        if blob.write_base64(&mut buf[1..]).is_ok() {
+            bad.push("a short buffer was accepted".into());
+        }
+    }
+    if payload.blob(payload.len()).is_some() {
+        bad.push("a blob past the end".into());
     }
     for key in ["kwargs_data", "mm_metadata"] {
         for (i, want) in f[key]["image"]

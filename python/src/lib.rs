@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod base64_str;
 mod convert;
 mod coupled;
 mod derenderer;

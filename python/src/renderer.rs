@@ -1,4 +1,5 @@
 //! `aphro.Renderer`: OpenAI chat / completion requests -> token-in `GenerateRequest`s.
+use crate::base64_str::base64_str;
 use crate::convert::{ser_to_py, to_py, to_value};
 use crate::errors::{self, CoreResultExt};
 use crate::model::{load_any, PyModel};
@@ -176,15 +177,24 @@ impl PyRenderer {
         let r = &self.inner;
         let out = py.detach(|| {
             parse_chat_request(&body)
-                .and_then(|req| r.render_chat_with_id(&req, request_id.as_deref()))
+                .and_then(|req| r.render_chat_with_pending_kwargs(&req, request_id.as_deref()))
         });
-        let mut out = out.py_err(py)?;
-        // `features` is moved across, not serialized: its `kwargs_data` blobs run to tens of
-        // megabytes, and `ser_to_py` would copy them once more on the way.
+        let (mut out, payload) = out.py_err(py)?;
         let features = out.features.take();
         let dict = ser_to_py(py, &out)?;
         if let Some(f) = features {
-            dict.set_item("features", to_py(py, &f)?)?;
+            let f = to_py(py, &f)?;
+            // The `kwargs_data` blobs (megabytes each) are encoded straight into their `str`s,
+            // in place of the nulls the render left.
+            if let Some(payload) = payload {
+                let list = f.get_item("kwargs_data")?.get_item("image")?;
+                for i in 0..payload.len() {
+                    if let Some(blob) = payload.blob(i) {
+                        list.set_item(i, base64_str(py, &blob)?)?;
+                    }
+                }
+            }
+            dict.set_item("features", f)?;
         }
         Ok(dict)
     }

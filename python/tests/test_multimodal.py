@@ -68,6 +68,12 @@ def test_render_chat_returns_vllms_features(model_root, monkeypatch, case_id, fl
     r = qwen_renderer(model_root, monkeypatch, **flags)
     request_id = case_id.replace("/", "-")
     got = r.render_chat(materialize(case["request"]), request_id=request_id)
+    assert_vllms_response(got, want)
+
+
+def assert_vllms_response(got, want):
+    """`got` is vLLM's render response `want`: ids, hashes, placeholders, and every blob by
+    its length and sha256 (what the goldens keep of them)."""
     assert got["request_id"] == want["request_id"]
     assert got["token_ids"] == want["token_ids"]
     f, wf = got["features"], want["features"]
@@ -81,6 +87,30 @@ def test_render_chat_returns_vllms_features(model_root, monkeypatch, case_id, fl
             assert len(ours) == theirs["b64_len"]
             assert hashlib.sha256(ours.encode()).hexdigest() == theirs["b64_sha256"], key
     assert got["token_offsets"] is None
+
+
+def test_launch_render_over_http_returns_vllms_features(model_root, monkeypatch):
+    """The same goldens through `aphro launch render` and a plain HTTP client: the image
+    parts travel as JSON, the features come back in the response body."""
+    httpx = pytest.importorskip("httpx")
+    from conftest import aphro_server
+
+    monkeypatch.chdir(model_root)
+    with aphro_server("launch", "render", "--model", MODEL) as base:
+        client = httpx.Client(base_url=base, timeout=60)
+        for case_id in ("q2/single_png_224", "q2/two_images"):
+            case = CASES[case_id]
+            http = client.post(
+                "/v1/chat/completions/render",
+                json=materialize(case["request"]),
+                headers={"X-Request-Id": case_id.replace("/", "-")},
+            )
+            assert http.status_code == 200, http.text
+            assert_vllms_response(http.json(), case["response"])
+        case = CASES["q2/err_invalid_base64"]
+        http = client.post("/v1/chat/completions/render", json=materialize(case["request"]))
+        assert http.status_code == case["response"]["error"]["code"] == 400
+        assert http.json()["error"]["message"] == case["response"]["error"]["message"]
 
 
 def test_mm_payload_none_keeps_hashes_and_placeholders(model_root, monkeypatch):

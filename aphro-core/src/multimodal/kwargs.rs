@@ -10,20 +10,55 @@ use super::qwen_vl::ProcessedImage;
 use super::Tensor;
 use rmp::encode;
 
-/// Standard padded base64 written as the bytes arrive, into one string sized up front: whole
-/// 3-byte groups are encoded straight from each slice, and at most 2 bytes wait for the next.
-/// The result is the same text as encoding the concatenation at once.
-pub struct Base64Writer {
-    out: String,
+/// Where [`Base64Writer`] puts its text: whole 3-byte groups (and the padded last group)
+/// arrive and are encoded onto the end.
+pub trait Base64Sink {
+    fn encode(&mut self, bytes: &[u8]);
+}
+
+impl Base64Sink for String {
+    fn encode(&mut self, bytes: &[u8]) {
+        base64_simd::STANDARD.encode_append(bytes, self);
+    }
+}
+
+/// A fixed buffer filled from the front (see [`KwargsBlob::write_base64`]).
+pub struct SliceSink<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Base64Sink for SliceSink<'_> {
+    fn encode(&mut self, bytes: &[u8]) {
+        let n = base64_simd::STANDARD.encoded_length(bytes.len());
+        let dst = base64_simd::Out::from_slice(&mut self.out[self.at..self.at + n]);
+        let _ = base64_simd::STANDARD.encode(bytes, dst);
+        self.at += n;
+    }
+}
+
+/// Standard padded base64 written as the bytes arrive: whole 3-byte groups are encoded
+/// straight from each slice, and at most 2 bytes wait for the next. The result is the same
+/// text as encoding the concatenation at once.
+pub struct Base64Writer<S: Base64Sink = String> {
+    out: S,
     carry: [u8; 3],
     carried: usize,
 }
 
-impl Base64Writer {
-    /// A writer for `raw_len` bytes in all (the capacity; more may be written).
+impl Base64Writer<String> {
+    /// A writer into a string sized up front for `raw_len` bytes (more may be written).
     pub fn new(raw_len: usize) -> Self {
+        Base64Writer::to_sink(String::with_capacity(
+            base64_simd::STANDARD.encoded_length(raw_len),
+        ))
+    }
+}
+
+impl<S: Base64Sink> Base64Writer<S> {
+    pub fn to_sink(out: S) -> Self {
         Base64Writer {
-            out: String::with_capacity(base64_simd::STANDARD.encoded_length(raw_len)),
+            out,
             carry: [0; 3],
             carried: 0,
         }
@@ -38,19 +73,19 @@ impl Base64Writer {
             if self.carried < 3 {
                 return;
             }
-            base64_simd::STANDARD.encode_append(self.carry, &mut self.out);
+            self.out.encode(&self.carry);
             self.carried = 0;
         }
         let whole = bytes.len() / 3 * 3;
-        base64_simd::STANDARD.encode_append(&bytes[..whole], &mut self.out);
+        self.out.encode(&bytes[..whole]);
         let rest = &bytes[whole..];
         self.carry[..rest.len()].copy_from_slice(rest);
         self.carried = rest.len();
     }
 
     /// The text, with the last group padded.
-    pub fn finish(mut self) -> String {
-        base64_simd::STANDARD.encode_append(&self.carry[..self.carried], &mut self.out);
+    pub fn finish(mut self) -> S {
+        self.out.encode(&self.carry[..self.carried]);
         self.out
     }
 }
@@ -97,53 +132,110 @@ fn grid_elem(out: &mut Vec<u8>, grid: [i64; 3]) {
     let _ = encode::write_bool(out, true);
 }
 
-/// The full item, msgpack then base64: `pixel_values` (a flat field) and `image_grid_thw`.
-/// The pixel bytes go from the processed image to the base64 text a band at a time, never
-/// held whole.
-///
-/// `batch_rows` are the row counts of every image of the request, in order. vLLM 0.33 keeps
-/// the whole processor batch's slices in each item's field (`multimodal.md` §3.3) when the
-/// images differ in size; when they are all the same size each item carries the one slice
-/// `[0, rows]` (what its render server answered for two same-size images).
-pub fn kwargs_item_base64(image: &ProcessedImage, batch_rows: &[usize]) -> String {
-    let shape = image.pixel_values_shape();
-    let data_len = image.pixel_values_len();
-    let mut head = Vec::with_capacity(96);
-    let _ = encode::write_map_len(&mut head, 2);
-    str(&mut head, "pixel_values");
-    let _ = encode::write_map_len(&mut head, 2);
-    str(&mut head, "data");
-    tensor_head(&mut head, image.pixel_values_dtype(), &shape, data_len);
-    let mut tail = Vec::with_capacity(160);
-    str(&mut tail, "field");
-    let _ = encode::write_array_len(&mut tail, 2);
-    str(&mut tail, "flat");
-    let _ = encode::write_map_len(&mut tail, 3);
-    str(&mut tail, "keep_on_cpu");
-    let _ = encode::write_bool(&mut tail, false);
-    str(&mut tail, "slices");
-    // [[slice(start, stop, None)] per image of the batch].
-    let same_size = batch_rows.iter().all(|&r| r == shape[0]);
-    let own = [shape[0]];
-    let batch_rows = if same_size { &own[..] } else { batch_rows };
-    let _ = encode::write_array_len(&mut tail, batch_rows.len() as u32);
-    let mut start = 0u64;
-    for &rows in batch_rows {
-        let _ = encode::write_array_len(&mut tail, 1);
-        let _ = encode::write_array_len(&mut tail, 3);
-        let _ = encode::write_uint(&mut tail, start);
-        start += rows as u64;
-        let _ = encode::write_uint(&mut tail, start);
-        let _ = encode::write_nil(&mut tail);
+/// One `kwargs_data` item before encoding: `pixel_values` (a flat field) and
+/// `image_grid_thw` as msgpack, then base64. The pixel bytes go from the processed image to
+/// the text a band at a time, never held whole, and the text can go into any buffer of
+/// [`Self::base64_len`] bytes (the Python binding writes it straight into a `str`).
+pub struct KwargsBlob<'a> {
+    image: &'a ProcessedImage,
+    /// msgpack before the pixel bytes, and after them.
+    head: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+impl<'a> KwargsBlob<'a> {
+    /// `batch_rows` are the row counts of every image of the request, in order. vLLM 0.33
+    /// keeps the whole processor batch's slices in each item's field (`multimodal.md` §3.3)
+    /// when the images differ in size; when they are all the same size each item carries the
+    /// one slice `[0, rows]` (what its render server answered for two same-size images).
+    pub fn new(image: &'a ProcessedImage, batch_rows: &[usize]) -> Self {
+        let shape = image.pixel_values_shape();
+        let mut head = Vec::with_capacity(96);
+        let _ = encode::write_map_len(&mut head, 2);
+        str(&mut head, "pixel_values");
+        let _ = encode::write_map_len(&mut head, 2);
+        str(&mut head, "data");
+        tensor_head(
+            &mut head,
+            image.pixel_values_dtype(),
+            &shape,
+            image.pixel_values_len(),
+        );
+        let mut tail = Vec::with_capacity(160);
+        str(&mut tail, "field");
+        let _ = encode::write_array_len(&mut tail, 2);
+        str(&mut tail, "flat");
+        let _ = encode::write_map_len(&mut tail, 3);
+        str(&mut tail, "keep_on_cpu");
+        let _ = encode::write_bool(&mut tail, false);
+        str(&mut tail, "slices");
+        // [[slice(start, stop, None)] per image of the batch].
+        let same_size = batch_rows.iter().all(|&r| r == shape[0]);
+        let own = [shape[0]];
+        let batch_rows = if same_size { &own[..] } else { batch_rows };
+        let _ = encode::write_array_len(&mut tail, batch_rows.len() as u32);
+        let mut start = 0u64;
+        for &rows in batch_rows {
+            let _ = encode::write_array_len(&mut tail, 1);
+            let _ = encode::write_array_len(&mut tail, 3);
+            let _ = encode::write_uint(&mut tail, start);
+            start += rows as u64;
+            let _ = encode::write_uint(&mut tail, start);
+            let _ = encode::write_nil(&mut tail);
+        }
+        str(&mut tail, "dim");
+        let _ = encode::write_uint(&mut tail, 0);
+        grid_elem(&mut tail, image.grid_thw);
+        KwargsBlob { image, head, tail }
     }
-    str(&mut tail, "dim");
-    let _ = encode::write_uint(&mut tail, 0);
-    grid_elem(&mut tail, image.grid_thw);
-    let mut b64 = Base64Writer::new(head.len() + data_len + tail.len());
-    b64.write(&head);
-    image.write_pixel_values(|band| b64.write(band));
-    b64.write(&tail);
-    b64.finish()
+
+    /// msgpack bytes in all.
+    fn raw_len(&self) -> usize {
+        self.head.len() + self.image.pixel_values_len() + self.tail.len()
+    }
+
+    /// Length of the base64 text.
+    pub fn base64_len(&self) -> usize {
+        base64_simd::STANDARD.encoded_length(self.raw_len())
+    }
+
+    fn write<S: Base64Sink>(&self, mut b64: Base64Writer<S>) -> S {
+        b64.write(&self.head);
+        self.image.write_pixel_values(|band| b64.write(band));
+        b64.write(&self.tail);
+        b64.finish()
+    }
+
+    /// The base64 text.
+    pub fn to_base64(&self) -> String {
+        self.write(Base64Writer::new(self.raw_len()))
+    }
+
+    /// Writes the base64 text into `out`, which must be [`Self::base64_len`] bytes long.
+    pub fn write_base64(&self, out: &mut [u8]) -> Result<(), BufferLengthError> {
+        let want = self.base64_len();
+        if out.len() != want {
+            return Err(BufferLengthError {
+                want,
+                got: out.len(),
+            });
+        }
+        self.write(Base64Writer::to_sink(SliceSink { out, at: 0 }));
+        Ok(())
+    }
+}
+
+/// [`KwargsBlob::write_base64`] got a buffer of the wrong size.
+#[derive(Debug, thiserror::Error)]
+#[error("a kwargs_data buffer of {got} bytes, {want} needed")]
+pub struct BufferLengthError {
+    pub want: usize,
+    pub got: usize,
+}
+
+/// The full item as base64 ([`KwargsBlob`]).
+pub fn kwargs_item_base64(image: &ProcessedImage, batch_rows: &[usize]) -> String {
+    KwargsBlob::new(image, batch_rows).to_base64()
 }
 
 /// msgpack of the metadata item: the fields kept on the CPU (`image_grid_thw`).

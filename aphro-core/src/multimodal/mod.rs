@@ -293,31 +293,110 @@ pub fn features_json(
     placeholders: &[Placeholder],
     with_payload: bool,
 ) -> Value {
+    let mut features = features_value(images, placeholders, with_payload);
+    if with_payload {
+        let rows = batch_rows(images.iter().map(|i| &i.processed));
+        let blobs = images
+            .iter()
+            .map(|i| kwargs::kwargs_item_base64(&i.processed, &rows));
+        put_kwargs(&mut features, blobs);
+    }
+    features
+}
+
+/// [`features_json`] with `kwargs_data` not yet encoded: a `null` in
+/// `kwargs_data.image` for each image, and the payload that writes their text
+/// ([`KwargsPayload::fill`], or blob by blob into the caller's own buffers).
+pub fn features_json_pending(
+    images: Vec<ImageFeature>,
+    placeholders: &[Placeholder],
+    with_payload: bool,
+) -> (Value, Option<KwargsPayload>) {
+    let features = features_value(&images, placeholders, with_payload);
+    let payload = with_payload.then(|| KwargsPayload::new(images));
+    (features, payload)
+}
+
+/// The `kwargs_data` blobs of a render response before encoding: the request's processed
+/// images in order, which [`kwargs::KwargsBlob`] turns into text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KwargsPayload {
+    images: Vec<ProcessedImage>,
+    rows: Vec<usize>,
+}
+
+impl KwargsPayload {
+    fn new(images: Vec<ImageFeature>) -> Self {
+        let images: Vec<ProcessedImage> = images.into_iter().map(|i| i.processed).collect();
+        let rows = batch_rows(images.iter());
+        KwargsPayload { images, rows }
+    }
+
+    /// Number of blobs (images).
+    pub fn len(&self) -> usize {
+        self.images.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.images.is_empty()
+    }
+
+    /// The `index`-th blob, in `kwargs_data.image` order.
+    pub fn blob(&self, index: usize) -> Option<kwargs::KwargsBlob<'_>> {
+        let image = self.images.get(index)?;
+        Some(kwargs::KwargsBlob::new(image, &self.rows))
+    }
+
+    /// Encodes every blob into `features.kwargs_data.image`, in place of its `null`.
+    pub fn fill(&self, features: &mut Value) {
+        let blobs = (0..self.len()).filter_map(|i| self.blob(i).map(|b| b.to_base64()));
+        put_kwargs(features, blobs);
+    }
+}
+
+/// Row counts of each image's `pixel_values`, in order.
+fn batch_rows<'a>(images: impl Iterator<Item = &'a ProcessedImage>) -> Vec<usize> {
+    images.map(|p| p.pixel_values_shape()[0]).collect()
+}
+
+/// Moves the encoded blobs into `kwargs_data.image` (moved, not copied: they run to tens of
+/// megabytes).
+fn put_kwargs(features: &mut Value, blobs: impl Iterator<Item = String>) {
+    if let Some(Value::Array(list)) = features
+        .get_mut("kwargs_data")
+        .and_then(|k| k.get_mut("image"))
+    {
+        for (slot, blob) in list.iter_mut().zip(blobs) {
+            *slot = Value::String(blob);
+        }
+    }
+}
+
+/// The features object with a `null` per `kwargs_data` blob.
+fn features_value(
+    images: &[ImageFeature],
+    placeholders: &[Placeholder],
+    with_payload: bool,
+) -> Value {
     let hashes: Vec<&str> = images.iter().map(|i| i.mm_hash.as_str()).collect();
     let places: Vec<Value> = placeholders
         .iter()
         .map(|p| json!({"offset": p.offset, "length": p.length}))
         .collect();
-    // Built by moving the strings in: `json!` would serialize (copy) every megabyte-sized
-    // blob, twice.
-    let by_modality = |blobs: Vec<String>| {
-        let list = Value::Array(blobs.into_iter().map(Value::String).collect());
-        Value::Object(Map::from_iter([("image".to_owned(), list)]))
+    let by_modality = |blobs: Vec<Value>| {
+        Value::Object(Map::from_iter([("image".to_owned(), Value::Array(blobs))]))
     };
     let (kwargs_data, mm_metadata) = if with_payload {
-        let rows: Vec<usize> = images
-            .iter()
-            .map(|i| i.processed.pixel_values_shape()[0])
-            .collect();
-        let data = images
-            .iter()
-            .map(|i| kwargs::kwargs_item_base64(&i.processed, &rows))
-            .collect();
+        let pending = vec![Value::Null; images.len()];
         let meta = images
             .iter()
-            .map(|i| kwargs::to_base64(&kwargs::encode_metadata_item(&i.processed)))
+            .map(|i| {
+                Value::String(kwargs::to_base64(&kwargs::encode_metadata_item(
+                    &i.processed,
+                )))
+            })
             .collect();
-        (by_modality(data), by_modality(meta))
+        (by_modality(pending), by_modality(meta))
     } else {
         (Value::Null, Value::Null)
     };
