@@ -159,11 +159,13 @@ impl ProcessedImage {
                 (PixelEncoding::Raw, 14) => self.cut_band_raw::<14>(bh, &mut band),
                 (PixelEncoding::Raw, 16) => self.cut_band_raw::<16>(bh, &mut band),
                 (PixelEncoding::Raw, _) => {
-                    self.cut_band(bh, &mut band, 1, |_, src, dst| dst.copy_from_slice(src))
+                    self.cut_band(bh, &mut band[..band_len], 1, |_, src, dst| {
+                        dst.copy_from_slice(src)
+                    })
                 }
                 (PixelEncoding::Table { dtype, table }, _) => {
                     let width = dtype.width();
-                    self.cut_band(bh, &mut band, width, |c, src, dst| {
+                    self.cut_band(bh, &mut band[..band_len], width, |c, src, dst| {
                         let channel = &table[c * 256 * width..(c + 1) * 256 * width];
                         for (d, &x) in dst.chunks_exact_mut(width).zip(src) {
                             let x = usize::from(x);
@@ -182,38 +184,43 @@ impl ProcessedImage {
     /// order, and `out` has [`LINE_SLACK`] bytes after the band for the last one.
     #[inline(always)]
     fn cut_band_raw<const P: usize>(&self, bh: usize, out: &mut [u8]) {
-        let (m, w) = (self.merge_size, self.width);
+        let w = self.width;
         let planes = &self.planes[..];
         let plane_len = w * self.height;
         let block = P * P;
         let mut at = 0;
-        for bw in 0..self.width / P / m {
-            for mh in 0..m {
-                for mw in 0..m {
-                    let y0 = (bh * m + mh) * P;
-                    let x0 = (bw * m + mw) * P;
-                    for c in 0..CHANNELS {
-                        let first = c * plane_len + y0 * w + x0;
-                        for _ in 0..self.temporal_patch_size {
-                            for py in 0..P {
-                                let src = first + py * w;
-                                // Fixed-size arrays: one 16-byte move, not a memcpy call.
-                                let dst: &mut [u8; LINE_SLACK] = (&mut out
-                                    [at + py * P..at + py * P + LINE_SLACK])
-                                    .try_into()
-                                    .expect("16 bytes");
-                                match planes.get(src..src + LINE_SLACK) {
-                                    Some(line) => *dst = line.try_into().expect("16 bytes"),
-                                    // The image's last line: no 16 bytes to read past it.
-                                    None => dst[..P].copy_from_slice(&planes[src..src + P]),
-                                }
-                            }
-                            at += block;
+        for (y0, x0) in self.patch_origins(bh) {
+            for c in 0..CHANNELS {
+                let first = c * plane_len + y0 * w + x0;
+                for _ in 0..self.temporal_patch_size {
+                    for py in 0..P {
+                        let src = first + py * w;
+                        // Fixed-size arrays: one 16-byte move, not a memcpy call.
+                        let dst: &mut [u8; LINE_SLACK] = (&mut out
+                            [at + py * P..at + py * P + LINE_SLACK])
+                            .try_into()
+                            .expect("16 bytes");
+                        match planes.get(src..src + LINE_SLACK) {
+                            Some(line) => *dst = line.try_into().expect("16 bytes"),
+                            // The image's last line: no 16 bytes to read past it.
+                            None => dst[..P].copy_from_slice(&planes[src..src + P]),
                         }
                     }
+                    at += block;
                 }
             }
         }
+        debug_assert_eq!(at + LINE_SLACK, out.len());
+    }
+
+    /// The top-left pixel `(y, x)` of each patch of band `bh`, in row order: merge window
+    /// along the band, then the patch inside it.
+    #[inline(always)]
+    fn patch_origins(&self, bh: usize) -> impl Iterator<Item = (usize, usize)> {
+        let (p, m) = (self.patch_size, self.merge_size);
+        (0..self.width / p / m).flat_map(move |bw| {
+            (0..m).flat_map(move |mh| (0..m).map(move |mw| ((bh * m + mh) * p, (bw * m + mw) * p)))
+        })
     }
 
     /// Fills `out` with band `bh`'s rows; `line(channel, P pixels of one plane, out)` writes
@@ -226,29 +233,23 @@ impl ProcessedImage {
         elem: usize,
         line: impl Fn(usize, &[u8], &mut [u8]),
     ) {
-        let (p, m, w) = (self.patch_size, self.merge_size, self.width);
+        let (p, w) = (self.patch_size, self.width);
         let plane_len = w * self.height;
         let line_len = p * elem;
         let block = p * line_len;
         let mut at = 0;
-        for bw in 0..self.width / p / m {
-            for mh in 0..m {
-                for mw in 0..m {
-                    let y0 = (bh * m + mh) * p;
-                    let x0 = (bw * m + mw) * p;
-                    for (c, plane) in self.planes.chunks_exact(plane_len).enumerate() {
-                        let first = at;
-                        for py in 0..p {
-                            let start = (y0 + py) * w + x0;
-                            line(c, &plane[start..start + p], &mut out[at..at + line_len]);
-                            at += line_len;
-                        }
-                        // The frame repeated `temporal_patch_size` times.
-                        for _ in 1..self.temporal_patch_size {
-                            out.copy_within(first..first + block, at);
-                            at += block;
-                        }
-                    }
+        for (y0, x0) in self.patch_origins(bh) {
+            for (c, plane) in self.planes.chunks_exact(plane_len).enumerate() {
+                let first = at;
+                for py in 0..p {
+                    let start = (y0 + py) * w + x0;
+                    line(c, &plane[start..start + p], &mut out[at..at + line_len]);
+                    at += line_len;
+                }
+                // The frame repeated `temporal_patch_size` times.
+                for _ in 1..self.temporal_patch_size {
+                    out.copy_within(first..first + block, at);
+                    at += block;
                 }
             }
         }
