@@ -349,7 +349,10 @@ impl KwargsPayload {
 
     /// Encodes every blob into `features.kwargs_data.image`, in place of its `null`.
     pub fn fill(&self, features: &mut Value) {
-        let blobs = (0..self.len()).filter_map(|i| self.blob(i).map(|b| b.to_base64()));
+        let blobs = self
+            .images
+            .iter()
+            .map(|image| kwargs::kwargs_item_base64(image, &self.rows));
         put_kwargs(features, blobs);
     }
 }
